@@ -1,0 +1,94 @@
+"""Blob: an N-D float32 array of values (``data``) and of gradients (``diff``), as in Caffe.
+
+Caffe: include/caffe/blob.hpp. Shapes are tuples of ints, outermost first, e.g. (N, C, H, W).
+Reshaping to a new shape reallocates (zeroed) arrays; reshaping to the same shape keeps them, so
+layers may call ``reshape`` on every pass without cost. ``share_data`` makes two blobs view the
+same arrays (in-place layers, shared params).
+"""
+import numpy
+
+from . import backend
+
+DTYPE = numpy.float32
+
+
+class Blob:
+    """A pair of equally shaped float32 arrays, ``data`` and ``diff``.
+
+    Args:
+        shape: iterable of non-negative ints, e.g. (N, C, H, W); () for a scalar blob.
+        xp: array module to allocate with (default: the current mode's, see ``backend``).
+    """
+
+    __slots__ = ("_shape", "data", "diff", "_xp")
+
+    def __init__(self, shape=(), xp=None):
+        self._xp = xp or backend.xp()
+        self._shape = None
+        self.data = None
+        self.diff = None
+        self.reshape(shape)
+
+    def reshape(self, *shape):
+        """Set the shape (ints or one tuple); arrays are reallocated only if it changes."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, numpy.integer)):
+            shape = shape[0]
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"blob dimensions must be non-negative, got {shape}")
+        if shape == self._shape:
+            return
+        self._shape = shape
+        self.data = self._xp.zeros(shape, DTYPE)
+        self.diff = self._xp.zeros(shape, DTYPE)
+
+    def reshape_like(self, other):
+        """Reshape to ``other``'s shape."""
+        self.reshape(other.shape)
+
+    @property
+    def shape(self):
+        """The shape as a tuple of ints."""
+        return self._shape
+
+    @property
+    def count(self):
+        """Number of elements (1 for a 0-d blob)."""
+        n = 1
+        for d in self._shape:
+            n *= d
+        return n
+
+    @property
+    def num_axes(self):
+        return len(self._shape)
+
+    def count_range(self, start, end=None):
+        """Product of dims ``start`` .. ``end - 1`` (Caffe's ``count(start, end)``)."""
+        n = 1
+        for d in self._shape[start:end]:
+            n *= d
+        return n
+
+    def canonical_axis(self, axis):
+        """Map a possibly negative axis index into [0, num_axes) (Caffe's CanonicalAxisIndex).
+
+        Raises:
+            IndexError: axis out of range.
+        """
+        n = len(self._shape)
+        if not -n <= axis < max(n, 1):
+            raise IndexError(f"axis {axis} out of range for a {n}-axis blob {self._shape}")
+        return axis + n if axis < 0 else axis
+
+    def share_data(self, other):
+        """Make this blob's ``data`` the very array of ``other`` (shapes must match in count)."""
+        self._shape = other.shape
+        self.data = other.data
+
+    def share_diff(self, other):
+        """Make this blob's ``diff`` the very array of ``other``."""
+        self.diff = other.diff
+
+    def __repr__(self):
+        return f"Blob{self._shape}"
