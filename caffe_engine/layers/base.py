@@ -133,9 +133,10 @@ class Layer:
                 raise self.error(message)
 
     def _set_loss_weights(self, top):
+        if not len(self.param.loss_weight) and self.is_loss:
+            # Caffe's LossLayer writes the default into its LayerParameter, so it is saved too.
+            self.param.loss_weight.append(1.0)
         weights = list(self.param.loss_weight)
-        if not weights and self.is_loss:
-            weights = [1.0]
         if weights and len(weights) != len(top):
             raise self.error("loss_weight must be unspecified or specified once per top blob "
                              f"({len(weights)} given for {len(top)} tops)")

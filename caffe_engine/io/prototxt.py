@@ -1,0 +1,137 @@
+"""Reading and writing Caffe's protobuf files: prototxt text, binary protos, atomically.
+
+Caffe: src/caffe/util/io.cpp (ReadProtoFromTextFile, ReadProtoFromBinaryFile, WriteProtoTo*),
+src/caffe/util/upgrade_proto.cpp (ReadNetParamsFromTextFileOrDie, ReadSolverParamsFromTextFileOrDie).
+
+Every failure is a :class:`CaffeError` whose one-line message names the file (and, for text,
+the line and column), so the command line can print it and exit 1.
+"""
+import os
+import tempfile
+
+from google.protobuf import message as _message
+from google.protobuf import text_format
+
+from ..errors import CaffeError
+from ..proto import caffe_pb2
+
+
+def _read_bytes(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CaffeError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def parse_text(text, msg, path="<string>"):
+    """Merge prototxt ``text`` into protobuf message ``msg`` and return it.
+
+    Raises:
+        CaffeError: ``path:line:column: reason`` on a syntax or schema error.
+    """
+    try:
+        text_format.Merge(text, msg)
+    except text_format.ParseError as exc:
+        line, col = exc.GetLine(), exc.GetColumn()
+        reason = str(exc)
+        # The library prefixes "line:col : "; keep only the reason.
+        if line is not None and reason.startswith(f"{line}:"):
+            reason = reason.split(" : ", 1)[-1]
+        where = f"{path}:{line}:{col}" if line is not None else path
+        raise CaffeError(f"{where}: {reason}") from None
+    return msg
+
+
+def read_text(path, msg, what="prototxt"):
+    """Parse the text-format file at ``path`` into ``msg`` (a fresh message instance)."""
+    data = _read_bytes(path, what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CaffeError(f"{path}: not a text {what} (is it a binary file?)") from None
+    return parse_text(text, msg, path)
+
+
+def read_binary(path, msg, what="binary proto"):
+    """Parse the binary protobuf file at ``path`` into ``msg``."""
+    data = _read_bytes(path, what)
+    try:
+        msg.ParseFromString(data)
+    except _message.DecodeError as exc:
+        raise CaffeError(f"{path}: not a valid {what}: {exc}") from None
+    return msg
+
+
+def read_text_or_binary(path, msg, what="proto"):
+    """Parse ``path`` as text first, then as binary (Caffe's ReadProtoFromTextFileOrDie fallback)."""
+    data = _read_bytes(path, what)
+    try:
+        return parse_text(data.decode("utf-8"), msg, path)
+    except (UnicodeDecodeError, CaffeError) as text_error:
+        msg.Clear()
+        try:
+            msg.ParseFromString(data)
+            return msg
+        except _message.DecodeError:
+            if isinstance(text_error, CaffeError):
+                raise text_error from None
+            raise CaffeError(f"{path}: neither a text nor a binary {what}") from None
+
+
+def write_atomic(path, data):
+    """Write ``data`` (bytes) to ``path`` via a temporary file and rename: never half-written.
+
+    Raises:
+        CaffeError: the folder is missing or not writable.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    except OSError as exc:
+        raise CaffeError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_binary(path, msg):
+    """Serialize ``msg`` to ``path`` atomically (Caffe's WriteProtoToBinaryFile)."""
+    write_atomic(path, msg.SerializeToString())
+
+
+def write_text(path, msg):
+    """Write ``msg`` as prototxt to ``path`` atomically."""
+    write_atomic(path, text_format.MessageToString(msg).encode("utf-8"))
+
+
+def read_net_param(path):
+    """Read a net prototxt (text, or binary as Caffe accepts) and upgrade legacy fields.
+
+    Returns:
+        caffe_pb2.NetParameter.
+    """
+    from .upgrade import upgrade_net
+    param = read_text_or_binary(path, caffe_pb2.NetParameter(), "net prototxt")
+    return upgrade_net(param, path)
+
+
+def read_solver_param(path):
+    """Read a solver prototxt and upgrade legacy fields (solver_type -> type).
+
+    Returns:
+        caffe_pb2.SolverParameter.
+    """
+    from .upgrade import upgrade_solver
+    param = read_text(path, caffe_pb2.SolverParameter(), "solver prototxt")
+    return upgrade_solver(param, path)

@@ -1,0 +1,545 @@
+"""Net: a NetParameter built for one phase into layers and blobs, run forward and backward.
+
+Caffe: src/caffe/net.cpp, src/caffe/util/insert_splits.cpp. The build is Caffe's:
+
+1. :func:`filter_net` keeps the layers whose include/exclude rules match the NetState
+   (phase, level, stages);
+2. :func:`insert_splits` gives every blob consumed by several layers a ``Split`` layer, so
+   that the consumers' gradients are summed (Caffe's implicit split);
+3. layers are created in order, their tops allocated (in-place when a top repeats the bottom of
+   the same index), set up (fillers draw from the global stream in this order), params registered
+   (shared by ``ParamSpec.name``), and which layers and blobs need backward is worked out exactly
+   as Caffe does (loss reachability, ``propagate_down``, ``lr_mult: 0``, ``force_backward``).
+
+Blob data are float32 arrays of the current array module (see ``backend``).
+"""
+import collections
+
+import numpy
+
+from . import backend
+from .blob import Blob
+from .errors import CaffeError
+from .io import prototxt as pio
+from .layers import create_layer
+from .log import g, logger
+from .proto import caffe_pb2
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+
+# --------------------------------------------------------------------------------------------
+# NetParameter normalisation: pure functions
+# --------------------------------------------------------------------------------------------
+def state_meets_rule(state, rule, layer_name=""):
+    """Whether NetState ``state`` satisfies NetStateRule ``rule`` (Caffe's StateMeetsRule)."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    stages = set(state.stage)
+    if any(s not in stages for s in rule.stage):
+        return False
+    if any(s in stages for s in rule.not_stage):
+        return False
+    return True
+
+
+def filter_net(param, state):
+    """Return a copy of ``param`` holding only the layers that ``state`` includes.
+
+    A layer with ``include`` rules is kept when any of them is met; otherwise it is kept unless
+    an ``exclude`` rule is met. Caffe: Net::FilterNet.
+
+    Raises:
+        CaffeError: a layer specifies both include and exclude.
+    """
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    for layer in param.layer:
+        if len(layer.include) and len(layer.exclude):
+            raise CaffeError(f"layer '{layer.name}' specifies both include and exclude rules")
+        if len(layer.include):
+            keep = any(state_meets_rule(state, r) for r in layer.include)
+        else:
+            keep = not any(state_meets_rule(state, r) for r in layer.exclude)
+        if keep:
+            out.layer.add().CopyFrom(layer)
+        else:
+            logger.info("The NetState did not meet the rules of layer %s; skipping it", layer.name)
+    return out
+
+
+def split_layer_name(layer_name, blob_name, blob_index):
+    return f"{blob_name}_{layer_name}_{blob_index}_split"
+
+
+def split_blob_name(layer_name, blob_name, blob_index, split_index):
+    return f"{blob_name}_{layer_name}_{blob_index}_split_{split_index}"
+
+
+def insert_splits(param):
+    """Return a copy of ``param`` with a ``Split`` layer after every top used more than once.
+
+    A top counts once per consuming bottom and once more if it carries a non-zero loss weight.
+    Names follow Caffe so that nets and weight files line up. Caffe: InsertSplits.
+
+    Raises:
+        CaffeError: a bottom names a blob no earlier layer produced.
+    """
+    last_top = {}                      # blob name -> (layer index, top index)
+    source_of_bottom = {}              # (layer, bottom index) -> (layer, top index)
+    consumers = collections.Counter()  # (layer, top index) -> number of uses
+    loss_weight_of_top = {}
+    for i, layer in enumerate(param.layer):
+        for j, name in enumerate(layer.bottom):
+            if name not in last_top:
+                raise CaffeError(f"Unknown bottom blob '{name}' (layer '{layer.name}', bottom index {j})")
+            source_of_bottom[(i, j)] = last_top[name]
+            consumers[last_top[name]] += 1
+        for j, name in enumerate(layer.top):
+            last_top[name] = (i, j)
+        for j in range(min(len(layer.loss_weight), len(layer.top))):
+            top_index = last_top[layer.top[j]]
+            loss_weight_of_top[top_index] = layer.loss_weight[j]
+            if layer.loss_weight[j]:
+                consumers[top_index] += 1
+
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(param)
+    del out.layer[:]
+    next_split = collections.Counter()
+    for i, layer in enumerate(param.layer):
+        new = out.layer.add()
+        new.CopyFrom(layer)
+        for j in range(len(new.bottom)):
+            src = source_of_bottom[(i, j)]
+            if consumers[src] > 1:
+                new.bottom[j] = split_blob_name(param.layer[src[0]].name, new.bottom[j], src[1],
+                                                next_split[src])
+                next_split[src] += 1
+        for j, name in enumerate(new.top):
+            count = consumers[(i, j)]
+            if count <= 1:
+                continue
+            weight = loss_weight_of_top.get((i, j), 0.0)
+            split = out.layer.add()
+            split.name = split_layer_name(layer.name, name, j)
+            split.type = "Split"
+            split.bottom.append(name)
+            for k in range(count):
+                split.top.append(split_blob_name(layer.name, name, j, k))
+                if weight:
+                    split.loss_weight.append(weight if k == 0 else 0.0)
+            if weight:
+                new.ClearField("loss_weight")
+                next_split[(i, j)] += 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Net
+# --------------------------------------------------------------------------------------------
+class Net:
+    """A built net: layers, blobs and learnable params for one phase.
+
+    Args:
+        model: a prototxt path, or a caffe_pb2.NetParameter.
+        phase: ``TRAIN`` or ``TEST`` (pycaffe also accepts ``Net(model, weights, phase)``).
+        weights: optional ``.caffemodel`` path whose params are copied in by layer name.
+        level, stages: the NetState level and stages (``caffe train --level/--stage``).
+
+    Attributes:
+        blobs: OrderedDict blob name -> Blob, in creation order.
+        params: OrderedDict layer name -> list of param Blobs, for layers that have params.
+        layers: list of Layer objects; ``layer_names`` their names.
+        inputs / outputs: names of the net's input blobs (Input layers' tops) and output blobs
+            (tops nobody consumes).
+
+    Raises:
+        CaffeError: unreadable file, unknown layer type or bottom, bad parameters, weight
+            mismatch; the message names the file or layer.
+    """
+
+    def __init__(self, model, phase=None, weights=None, level=0, stages=(), **kwargs):
+        # pycaffe also allows Net(model, weights, phase).
+        if isinstance(phase, str) and not isinstance(weights, str):
+            phase, weights = weights, phase
+        phase = kwargs.pop("phase", phase)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+        if phase not in (TRAIN, TEST):
+            raise CaffeError(f"phase must be caffe_engine.TRAIN or caffe_engine.TEST, got {phase!r}")
+        if isinstance(model, caffe_pb2.NetParameter):
+            param = caffe_pb2.NetParameter()
+            param.CopyFrom(model)
+            self.source = "<NetParameter>"
+        else:
+            param = pio.read_net_param(str(model))
+            self.source = str(model)
+        state = caffe_pb2.NetState()
+        state.CopyFrom(param.state)
+        state.phase = phase
+        if level:
+            state.level = level
+        if stages:
+            del state.stage[:]
+            state.stage.extend(stages)
+        param.state.CopyFrom(state)
+        self.phase = phase
+        self._init(param)
+        if weights:
+            self.copy_from(weights)
+
+    # -- construction ----------------------------------------------------------------------
+    def _init(self, in_param):
+        filtered = filter_net(in_param, in_param.state)
+        logger.info("Initializing net from parameters: \n%s", filtered)
+        param = insert_splits(filtered)
+        self.name = param.name
+        self.net_param = param
+        self.force_backward = param.force_backward
+        self.layers, self.layer_names = [], []
+        self.bottom_vecs, self.top_vecs = [], []
+        self.bottom_ids, self.top_ids = [], []
+        self.bottom_need_backward, self.layer_need_backward = [], []
+        self.blob_names, self._blob_list, self.blob_need_backward = [], [], []
+        self.blob_loss_weights = []
+        self._blob_index = {}
+        self.params = collections.OrderedDict()
+        self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
+        self._param_owner = {}  # ParamSpec name -> (layer index, param index)
+        available = collections.OrderedDict()
+        self.memory_used = 0
+
+        for layer_id, lp_in in enumerate(param.layer):
+            lp = caffe_pb2.LayerParameter()
+            lp.CopyFrom(lp_in)
+            if not lp.HasField("phase"):
+                lp.phase = self.phase
+            if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
+                raise CaffeError(f"layer '{lp.name}': propagate_down param must be specified "
+                                 "either 0 or bottom_size times")
+            layer = create_layer(lp, self.phase)
+            self.layers.append(layer)
+            self.layer_names.append(lp.name)
+            logger.info("Creating Layer %s", lp.name)
+            bottoms, bottom_ids, bottom_need = [], [], []
+            need_backward = False
+            for j, name in enumerate(lp.bottom):
+                if name not in available:
+                    raise CaffeError(f"Unknown bottom blob '{name}' (layer '{lp.name}', bottom index {j})")
+                blob_id = self._blob_index[name]
+                del available[name]
+                logger.info("%s <- %s", lp.name, name)
+                need = self.blob_need_backward[blob_id]
+                if len(lp.propagate_down):
+                    need = bool(lp.propagate_down[j])
+                bottoms.append(self._blob_list[blob_id])
+                bottom_ids.append(blob_id)
+                bottom_need.append(need)
+                need_backward |= need
+            tops, top_ids = [], []
+            for j, name in enumerate(lp.top):
+                if j < len(lp.bottom) and name == lp.bottom[j]:
+                    logger.info("%s -> %s (in-place)", lp.name, name)
+                    blob_id = self._blob_index[name]
+                elif name in self._blob_index:
+                    raise CaffeError(f"Top blob '{name}' produced by multiple sources "
+                                     f"(layer '{lp.name}')")
+                else:
+                    logger.info("%s -> %s", lp.name, name)
+                    blob_id = len(self._blob_list)
+                    self._blob_list.append(Blob(()))
+                    self.blob_names.append(name)
+                    self.blob_need_backward.append(False)
+                    self.blob_loss_weights.append(0.0)
+                    self._blob_index[name] = blob_id
+                tops.append(self._blob_list[blob_id])
+                top_ids.append(blob_id)
+                available[name] = True
+            self.bottom_vecs.append(bottoms)
+            self.top_vecs.append(tops)
+            self.bottom_ids.append(bottom_ids)
+            self.top_ids.append(top_ids)
+            self.bottom_need_backward.append(bottom_need)
+
+            logger.info("Setting up %s", lp.name)
+            layer.setup(bottoms, tops)
+            for j, blob_id in enumerate(top_ids):
+                self.blob_loss_weights[blob_id] = layer.loss(j)
+                logger.info("Top shape: %s (%d)", " ".join(str(d) for d in tops[j].shape),
+                            tops[j].count)
+                if layer.loss(j):
+                    logger.info("    with loss weight %s", g(layer.loss(j)))
+                self.memory_used += tops[j].count
+            # Params: lr_mult / decay_mult and sharing by name (Caffe's AppendParam).
+            if len(lp.param) > len(layer.blobs):
+                raise CaffeError(f"layer '{lp.name}': too many params specified "
+                                 f"({len(lp.param)} for {len(layer.blobs)} param blobs)")
+            layer.param_propagate_down = []
+            for k in range(len(layer.blobs)):
+                spec = lp.param[k] if k < len(lp.param) else caffe_pb2.ParamSpec()
+                need = spec.lr_mult != 0
+                need_backward |= need
+                layer.param_propagate_down.append(need)
+                self._append_param(layer_id, k, spec)
+            if layer.blobs:
+                self.params[lp.name] = layer.blobs
+            self.layer_need_backward.append(need_backward)
+            if need_backward:
+                for blob_id in top_ids:
+                    self.blob_need_backward[blob_id] = True
+        logger.info("Memory required for data: %d", self.memory_used * 4)
+
+        self._prune_backward()
+        if self.force_backward:
+            for i, layer in enumerate(self.layers):
+                self.layer_need_backward[i] = True
+                for j, blob_id in enumerate(self.bottom_ids[i]):
+                    need = self.bottom_need_backward[i][j] or layer.allow_force_backward(j)
+                    self.bottom_need_backward[i][j] = need
+                    self.blob_need_backward[blob_id] = self.blob_need_backward[blob_id] or need
+                layer.param_propagate_down = [True] * len(layer.blobs)
+
+        self.outputs = list(available)
+        for name in self.outputs:
+            logger.info("This network produces output %s", name)
+        self.inputs = [t for layer, tops in zip(self.layers, self.top_ids) if layer.type == "Input"
+                       for t in (self.blob_names[b] for b in tops)]
+        self.blobs = collections.OrderedDict((n, self._blob_list[i]) for i, n in enumerate(self.blob_names))
+        self._layer_index = {n: i for i, n in enumerate(self.layer_names)}
+        logger.info("Network initialization done.")
+
+    def _append_param(self, layer_id, k, spec):
+        layer = self.layers[layer_id]
+        blob = layer.blobs[k]
+        name = spec.name
+        if not name or name not in self._param_owner:
+            if name:
+                self._param_owner[name] = (layer_id, k)
+            self.learnable_params.append(blob)
+            self.params_lr.append(spec.lr_mult)
+            self.params_weight_decay.append(spec.decay_mult)
+            return
+        owner_layer, owner_k = self._param_owner[name]
+        owner = self.layers[owner_layer].blobs[owner_k]
+        strict = spec.share_mode != caffe_pb2.ParamSpec.PERMISSIVE
+        if (strict and owner.shape != blob.shape) or owner.count != blob.count:
+            raise CaffeError(f"Cannot share param '{name}' owned by layer '{self.layer_names[owner_layer]}' "
+                             f"with layer '{self.layer_names[layer_id]}'; shape mismatch. "
+                             f"Owner shape is {owner.shape}; sharing layer shape is {blob.shape}")
+        # The sharer views the owner's arrays (reshaped in PERMISSIVE mode).
+        blob.data = owner.data.reshape(blob.shape)
+        blob.diff = owner.diff.reshape(blob.shape)
+        owner_index = self.learnable_params.index(owner)
+        if spec.HasField("lr_mult"):
+            if self.params_lr[owner_index] != spec.lr_mult and self._explicit_lr(owner_layer, owner_k):
+                raise CaffeError(f"Shared param '{name}' has mismatched lr_mult.")
+            self.params_lr[owner_index] = spec.lr_mult
+        if spec.HasField("decay_mult"):
+            self.params_weight_decay[owner_index] = spec.decay_mult
+
+    def _explicit_lr(self, layer_id, k):
+        lp = self.layers[layer_id].param
+        return k < len(lp.param) and lp.param[k].HasField("lr_mult")
+
+    def _prune_backward(self):
+        """Drop backward for layers that do not lead to a loss or whose tops need no gradient."""
+        under_loss, skip = set(), set()
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            contributes = False
+            skip_down = True
+            for j, blob_id in enumerate(self.top_ids[i]):
+                name = self.blob_names[blob_id]
+                if layer.loss(j) or name in under_loss:
+                    contributes = True
+                if name not in skip:
+                    skip_down = False
+                if contributes and not skip_down:
+                    break
+            if self.layer_need_backward[i] and skip_down:
+                self.layer_need_backward[i] = False
+                self.bottom_need_backward[i] = [False] * len(self.bottom_ids[i])
+            if not contributes:
+                self.layer_need_backward[i] = False
+            logger.info("%s %s backward computation.", self.layer_names[i],
+                        "needs" if self.layer_need_backward[i] else "does not need")
+            for j, blob_id in enumerate(self.bottom_ids[i]):
+                name = self.blob_names[blob_id]
+                if contributes:
+                    under_loss.add(name)
+                else:
+                    self.bottom_need_backward[i][j] = False
+                if not self.bottom_need_backward[i][j]:
+                    skip.add(name)
+
+    # -- running -----------------------------------------------------------------------------
+    def _layer_range(self, start, end):
+        lo = 0 if start is None else self._layer_index_of(start)
+        hi = len(self.layers) - 1 if end is None else self._layer_index_of(end)
+        return lo, hi
+
+    def _layer_index_of(self, name):
+        if name not in self._layer_index:
+            raise CaffeError(f"unknown layer '{name}'")
+        return self._layer_index[name]
+
+    def forward_from_to(self, start=0, end=None):
+        """Run layers ``start``..``end`` (indices, inclusive) forward; return the summed loss (float32)."""
+        end = len(self.layers) - 1 if end is None else end
+        loss = numpy.float32(0)
+        for i in range(start, end + 1):
+            layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
+            layer.reshape(bottom, top)
+            layer.forward(bottom, top)
+            for j, blob in enumerate(top):
+                if layer.loss(j):
+                    xp = backend.get_array_module(blob.data)
+                    loss += numpy.float32(xp.vdot(blob.data.ravel(), blob.diff.ravel()))
+        return loss
+
+    def backward_from_to(self, start=None, end=0):
+        """Run backward from layer index ``start`` (default last) down to ``end`` (inclusive)."""
+        start = len(self.layers) - 1 if start is None else start
+        for i in range(start, end - 1, -1):
+            if self.layer_need_backward[i]:
+                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+
+    def forward_loss(self):
+        """Forward the whole net and return the loss as a float32 scalar (Caffe's Net::Forward)."""
+        return self.forward_from_to(0, len(self.layers) - 1)
+
+    def forward(self, blobs=None, start=None, end=None, **inputs):
+        """Forward pass, pycaffe style.
+
+        Args:
+            blobs: extra blob names whose data to return besides the outputs.
+            start, end: layer names to start/stop at (inclusive).
+            **inputs: arrays copied into the named input blobs first (shape must match).
+
+        Returns:
+            dict blob name -> data array, for the net's outputs (or ``end``'s tops) and ``blobs``.
+        """
+        for name, value in inputs.items():
+            if name not in self.blobs:
+                raise CaffeError(f"unknown input blob '{name}'")
+            self.blobs[name].data[...] = value
+        lo, hi = self._layer_range(start, end)
+        self.forward_from_to(lo, hi)
+        names = self.outputs if end is None else [self.blob_names[b] for b in self.top_ids[hi]]
+        return {n: self.blobs[n].data for n in list(names) + list(blobs or [])}
+
+    def backward(self, diffs=None, start=None, end=None, **top_diffs):
+        """Backward pass, pycaffe style: returns dict input name -> diff (plus ``diffs`` blobs)."""
+        for name, value in top_diffs.items():
+            self.blobs[name].diff[...] = value
+        hi = len(self.layers) - 1 if start is None else self._layer_index_of(start)
+        lo = 0 if end is None else self._layer_index_of(end)
+        self.backward_from_to(hi, lo)
+        return {n: self.blobs[n].diff for n in list(self.inputs) + list(diffs or [])}
+
+    def forward_backward(self):
+        """One forward and one backward pass; returns the float32 loss."""
+        loss = self.forward_loss()
+        self.backward_from_to()
+        return loss
+
+    def clear_param_diffs(self):
+        """Zero every learnable param's diff (start of each solver iteration)."""
+        for blob in self.learnable_params:
+            blob.diff[...] = 0
+
+    def update(self):
+        """``data -= diff`` for every learnable param (Caffe's Net::Update)."""
+        for blob in self.learnable_params:
+            blob.data -= blob.diff
+
+    # -- weights -----------------------------------------------------------------------------
+    def copy_from(self, source):
+        """Copy params by layer name from a ``.caffemodel`` path or a NetParameter.
+
+        Layers absent from the source keep their values; source layers absent here are ignored.
+
+        Raises:
+            CaffeError: unreadable file, wrong number of blobs, or a shape mismatch naming the
+                layer and both shapes.
+        """
+        from .io.weights import blob_from_proto, proto_shape
+        if isinstance(source, caffe_pb2.NetParameter):
+            param, where = source, "<NetParameter>"
+        else:
+            where = str(source)
+            param = pio.read_binary(where, caffe_pb2.NetParameter(), "caffemodel")
+            from .io.upgrade import upgrade_net
+            upgrade_net(param, where)
+        for src in param.layer:
+            i = self._layer_index.get(src.name)
+            if i is None:
+                logger.info("Ignoring source layer %s", src.name)
+                continue
+            logger.info("Copying source layer %s Type:%s #blobs=%d", src.name, src.type, len(src.blobs))
+            target = self.layers[i].blobs
+            if len(src.blobs) != len(target):
+                raise CaffeError(f"{where}: Incompatible number of blobs for layer {src.name} "
+                                 f"(source {len(src.blobs)}, target {len(target)})")
+            for k, bp in enumerate(src.blobs):
+                shape = proto_shape(bp, target[k].shape)
+                if shape != target[k].shape:
+                    raise CaffeError(f"{where}: Cannot copy param {k} weights from layer '{src.name}'; "
+                                     f"shape mismatch. Source param shape is {_shape_str(shape)}; "
+                                     f"target param shape is {_shape_str(target[k].shape)}")
+                target[k].data[...] = backend.get_array_module(target[k].data).asarray(
+                    blob_from_proto(bp).reshape(target[k].shape))
+
+    def to_proto(self, write_diff=False):
+        """The net as a NetParameter with every layer's param blobs (Caffe's Net::ToProto)."""
+        from .io.weights import blob_to_proto
+        param = caffe_pb2.NetParameter(name=self.name)
+        for layer in self.layers:
+            lp = param.layer.add()
+            lp.CopyFrom(layer.param)
+            lp.ClearField("blobs")
+            for blob in layer.blobs:
+                blob_to_proto(blob, lp.blobs.add(), write_diff)
+        return param
+
+    def save(self, path, write_diff=False):
+        """Write the weights as a binary ``.caffemodel`` (atomically)."""
+        pio.write_binary(str(path), self.to_proto(write_diff))
+
+    def share_trained_layers_with(self, other):
+        """Make this net's params view ``other``'s, by layer name (Caffe's ShareTrainedLayersWith)."""
+        for name, src_blobs in other.params.items():
+            i = self._layer_index.get(name)
+            if i is None:
+                continue
+            target = self.layers[i].blobs
+            if len(target) != len(src_blobs):
+                raise CaffeError(f"Incompatible number of blobs for layer {name}")
+            for t, s in zip(target, src_blobs):
+                if t.shape != s.shape:
+                    raise CaffeError(f"Cannot share param weights from layer '{name}'; shape mismatch. "
+                                     f"Source param shape is {_shape_str(s.shape)}; "
+                                     f"target param shape is {_shape_str(t.shape)}")
+                t.data = s.data
+
+    # -- pycaffe conveniences -----------------------------------------------------------------
+    @property
+    def _layer_names(self):
+        return list(self.layer_names)
+
+    def top_names_of(self, layer_name):
+        return [self.blob_names[b] for b in self.top_ids[self._layer_index_of(layer_name)]]
+
+    def bottom_names_of(self, layer_name):
+        return [self.blob_names[b] for b in self.bottom_ids[self._layer_index_of(layer_name)]]
+
+
+def _shape_str(shape):
+    return " ".join(str(d) for d in shape) + f" ({int(numpy.prod(shape)) if shape else 1})"
