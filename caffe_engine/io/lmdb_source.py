@@ -1,0 +1,200 @@
+"""LMDB databases of serialized records, read the way Caffe's Data layer reads them.
+
+Caffe: src/caffe/util/db_lmdb.cpp (LMDB, LMDBCursor), src/caffe/layers/data_layer.cpp (``Next``).
+
+A :class:`LMDBCursor` walks the records in key order (LMDB's byte order) and, at the end, wraps to the
+first record and logs ``Restarting data prefetching from start.`` at INFO on the ``caffe_engine``
+logger, exactly when Caffe's ``DataLayer::Next`` does. The environment is opened read-only, without a
+lock file and without readahead, so databases on read-only filesystems can be read; it stays open for
+the cursor's life (call :meth:`LMDBCursor.close` or let it be collected). Cursors on one database
+share its environment (Python's lmdb allows one per process) and each has its own read transaction.
+
+:func:`write_lmdb` writes ``(key, value)`` pairs into a new database (used by the tools that convert
+datasets, e.g. ``tools/create_mnist.py``).
+"""
+import logging
+import os
+import threading
+
+from ..errors import CaffeError
+
+logger = logging.getLogger("caffe_engine")
+
+#: The smallest map size write_lmdb picks (256 MiB: the size recorded in shared/data/mnist_5k's
+#: LMDBs, so that tools/create_mnist.py reproduces them byte for byte). LMDB does not allocate it.
+MIN_MAP_SIZE = 256 * 1024 * 1024
+
+
+def _lmdb():
+    try:
+        import lmdb
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise CaffeError("reading LMDB data needs the 'lmdb' package (pip install lmdb)") from None
+    return lmdb
+
+
+def _open_env(path, readonly=True, map_size=10 * 1024 * 1024):
+    lmdb = _lmdb()
+    if readonly and not os.path.exists(path):
+        raise CaffeError(f"cannot open LMDB '{path}': no such file or directory")
+    # Caffe opens the directory holding data.mdb; a path to a data file is accepted too.
+    subdir = not os.path.isfile(path)
+    try:
+        return lmdb.open(path, readonly=readonly, lock=False, readahead=False, subdir=subdir,
+                         map_size=map_size, create=not readonly, max_dbs=0)
+    except lmdb.Error as exc:
+        raise CaffeError(f"cannot open LMDB '{path}': {exc}") from None
+
+
+# Python's lmdb refuses to open one environment twice in a process, but a TRAIN and a TEST net
+# may read the same database: read-only environments are shared, counted, closed with the last
+# user. Each cursor still has its own read transaction (lmdb opens environments with MDB_NOTLS).
+_shared_envs = {}
+_shared_lock = threading.Lock()
+
+
+def _acquire_env(path):
+    key = os.path.realpath(path)
+    with _shared_lock:
+        entry = _shared_envs.get(key)
+        if entry is None:
+            entry = _shared_envs[key] = [_open_env(path), 0]
+        entry[1] += 1
+        return key, entry[0]
+
+
+def _release_env(key):
+    with _shared_lock:
+        entry = _shared_envs.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _shared_envs[key]
+            entry[0].close()
+
+
+class LMDBCursor:
+    """A wrapping cursor over an LMDB's records in key order (Caffe's LMDBCursor plus ``Next``).
+
+    Args:
+        path: the database directory (the one holding ``data.mdb``), as ``data_param.source``.
+
+    Attributes:
+        path: the path as given.
+        size: the number of records.
+        offset: how many times :meth:`next` has advanced (Caffe's ``offset_``).
+
+    Raises:
+        CaffeError: the path is missing, is not an LMDB, cannot be read, or holds no records.
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._txn = None
+        self._env_key, env = _acquire_env(self.path)
+        lmdb = _lmdb()
+        try:
+            self.size = env.stat()["entries"]
+            # One read transaction for the cursor's life; buffers=False returns bytes that stay
+            # valid after the cursor moves.
+            self._txn = env.begin(buffers=False)
+            self._cursor = self._txn.cursor()
+            has_first = self._cursor.first()
+        except lmdb.Error as exc:
+            self.close()
+            raise CaffeError(f"cannot read LMDB '{self.path}': {exc}") from None
+        if not has_first:
+            self.close()
+            raise CaffeError(f"LMDB '{self.path}' holds no records")
+        self.offset = 0
+
+    def __len__(self):
+        return self.size
+
+    def key(self):
+        """The current record's key (bytes)."""
+        return self._cursor.key()
+
+    def value(self):
+        """The current record's value (bytes), e.g. a serialized ``Datum``."""
+        return self._cursor.value()
+
+    def next(self):
+        """Advance one record; past the last one, log the restart and go back to the first."""
+        if not self._cursor.next():
+            logger.info("Restarting data prefetching from start.")
+            self._cursor.first()
+        self.offset += 1
+
+    def seek_to_first(self):
+        """Go back to the first record (``offset`` is kept, as in Caffe)."""
+        self._cursor.first()
+
+    def close(self):
+        """End the read transaction and release the environment (idempotent)."""
+        txn, self._txn = getattr(self, "_txn", None), None
+        if txn is not None:
+            txn.abort()
+        key, self._env_key = getattr(self, "_env_key", None), None
+        if key is not None:
+            _release_env(key)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def read_all(path):
+    """All ``(key, value)`` pairs of the LMDB at ``path`` in key order, as a list of bytes pairs."""
+    key, env = _acquire_env(str(path))
+    try:
+        with env.begin(buffers=False) as txn:
+            return list(txn.cursor())
+    finally:
+        _release_env(key)
+
+
+def write_lmdb(path, items, map_size=None):
+    """Write ``(key, value)`` byte pairs into a new LMDB directory ``path`` in one transaction.
+
+    Args:
+        path: directory to create; it must not exist yet (Caffe's ``db::NEW`` refuses too).
+        items: iterable of ``(key, value)`` bytes pairs; records are stored in key order whatever
+            the order given.
+        map_size: the LMDB map size in bytes; ``None`` picks 256 MiB or, for bigger data, about
+            twice the payload rounded up to a MiB.
+
+    Returns:
+        The number of records written.
+
+    Raises:
+        CaffeError: ``path`` exists, or LMDB reports an error (e.g. the map is full).
+    """
+    path = str(path)
+    if os.path.exists(path):
+        raise CaffeError(f"cannot create LMDB '{path}': it already exists")
+    items = list(items)
+    if map_size is None:
+        payload = sum(len(k) + len(v) + 64 for k, v in items)
+        map_size = max(MIN_MAP_SIZE, -(-2 * payload // (1 << 20)) << 20)
+    lmdb = _lmdb()
+    os.makedirs(path)
+    env = _open_env(path, readonly=False, map_size=map_size)
+    try:
+        with env.begin(write=True) as txn:
+            for key, value in items:
+                txn.put(key, value)
+    except lmdb.Error as exc:
+        raise CaffeError(f"cannot write LMDB '{path}': {exc}") from None
+    finally:
+        env.close()
+    return len(items)
