@@ -49,12 +49,10 @@ def test_caffe_written_caffemodel_loads_by_layer_name(deploy):
         for mine, theirs in zip(net.params[name], blobs):
             np.testing.assert_array_equal(mine.data, theirs)
     # Caffe's trained LeNet classifies a real digit from the test set (record 0, label 7).
-    import lmdb
-    env = lmdb.open(str(SHARED / "data/mnist_5k/mnist_test_lmdb"), readonly=True, lock=False)
-    with env.begin() as txn:
+    from caffe_engine.io.lmdb_source import LMDBCursor
+    with LMDBCursor(str(SHARED / "data/mnist_5k/mnist_test_lmdb")) as cursor:
         datum = caffe_pb2.Datum()
-        key, value = next(iter(txn.cursor()))
-        datum.ParseFromString(value)
+        datum.ParseFromString(cursor.value())
     image = np.frombuffer(datum.data, np.uint8).reshape(1, 28, 28).astype(np.float32) / 256
     prob = net.forward(data=np.stack([image, image]))["prob"]
     assert prob.shape == (2, 10) and int(prob[0].argmax()) == datum.label

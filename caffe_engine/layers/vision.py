@@ -1,1 +1,563 @@
-"""(being written)"""
+"""Vision layers: Convolution and Pooling, and the im2col/col2im helpers they share.
+
+Caffe: src/caffe/layers/base_conv_layer.cpp, conv_layer.cpp, pooling_layer.cpp,
+src/caffe/util/im2col.cpp.
+
+Both layers work on a whole batch at once; there is no Python loop over images or pixels.
+
+* Convolution lays the batch out as one column matrix ``(C * prod(kernel), N * prod(out))`` with a
+  single strided copy (:func:`im2col`) and runs one GEMM per group. Caffe does the same per image;
+  the sums are the same, only BLAS's summation order differs. Large batches are cut into a few
+  chunks so that the column buffer stays under ``COL_BUFFER_LIMIT`` floats.
+* Pooling loops over the ``kh * kw`` kernel offsets; each step is one array operation over every
+  window at once. MAX gives exactly the value and argmax index of Caffe's row-major scan with its
+  strict ``>`` from ``-FLT_MAX`` (first maximum wins, NaN never wins); AVE adds in Caffe's order.
+
+Scratch arrays (padded input, columns, transposed outputs) live in one process-wide
+:class:`Workspace`, reserved in ``reshape`` and shared by every convolution, as Caffe shares its
+column buffer between the images of a batch.
+"""
+import itertools
+
+import numpy
+
+from .. import fillers
+from ..backend import get_array_module
+from ..blob import Blob
+from ..proto import caffe_pb2
+from .base import Layer, register
+
+f32 = numpy.float32
+FLT_MAX = numpy.finfo(f32).max
+
+#: Most floats one im2col column buffer may hold (128 MiB); bigger batches are done in chunks.
+COL_BUFFER_LIMIT = 1 << 25
+
+
+# ------------------------------------------------------------------------------------------------
+# Workspace and im2col / col2im
+# ------------------------------------------------------------------------------------------------
+class Workspace:
+    """Flat float32 scratch buffers, one per (array module, device, slot name), grown on demand.
+
+    Layers call :meth:`reserve` from ``reshape`` (so that allocation happens there, not in
+    forward) and :meth:`get` from forward/backward for a view of the wanted shape. A view is
+    only valid until the next ``get`` of the same slot by any layer: never keep one across calls.
+    """
+
+    def __init__(self):
+        self._buffers = {}
+
+    @staticmethod
+    def _key(xp, slot):
+        device = xp.cuda.Device().id if xp.__name__ == "cupy" else None
+        return xp.__name__, device, slot
+
+    def reserve(self, xp, slot, count):
+        """Make sure slot ``slot`` holds at least ``count`` floats."""
+        key = self._key(xp, slot)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < count:
+            self._buffers[key] = xp.empty(max(int(count), 1), f32)
+
+    def get(self, xp, slot, shape):
+        """A C-contiguous float32 view of ``shape`` on slot ``slot`` (contents undefined)."""
+        count = int(numpy.prod(shape, dtype=numpy.int64))
+        self.reserve(xp, slot, count)
+        return self._buffers[self._key(xp, slot)][:count].reshape(shape)
+
+    def clear(self):
+        """Drop every buffer (frees the memory)."""
+        self._buffers.clear()
+
+
+workspace = Workspace()
+
+
+def conv_output_shape(in_shape, kernel, stride, pad, dilation):
+    """Caffe's convolution output size per spatial axis: ``(S + 2p - (d(k-1)+1)) // s + 1``."""
+    return tuple((s + 2 * p - (d * (k - 1) + 1)) // st + 1
+                 for s, k, st, p, d in zip(in_shape, kernel, stride, pad, dilation))
+
+
+def im2col(x, kernel, stride, dilation, out_shape, col):
+    """Copy every receptive field of a (padded) batch into a column buffer, in one strided copy.
+
+    Args:
+        x: array (N, C, *S), already padded; any strides.
+        kernel, stride, dilation, out_shape: tuples, one int per spatial axis.
+        col: output array (C, *kernel, N, *out_shape), C-contiguous. Row ``(c, k...)``, column
+            ``(n, o...)`` holds ``x[n, c, o * stride + k * dilation]`` -- Caffe's column order
+            within each image, images side by side.
+    """
+    xp = get_array_module(x)
+    sn, sc = x.strides[:2]
+    ss = x.strides[2:]
+    view_shape = (x.shape[1],) + tuple(kernel) + (x.shape[0],) + tuple(out_shape)
+    view_strides = ((sc,) + tuple(d * s for d, s in zip(dilation, ss)) + (sn,)
+                    + tuple(st * s for st, s in zip(stride, ss)))
+    col[...] = xp.lib.stride_tricks.as_strided(x, view_shape, view_strides)
+
+
+def col2im(col, kernel, stride, dilation, out_shape, x):
+    """Add each column back onto the input positions it was read from (im2col's adjoint).
+
+    Overlapping windows accumulate. ``x`` (N, C, *S_padded) must be zeroed by the caller;
+    ``col`` has im2col's layout (C, *kernel, N, *out_shape). One array operation per kernel
+    offset.
+    """
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        window = tuple(slice(k * d, k * d + st * (o - 1) + 1, st)
+                       for k, d, st, o in zip(offset, dilation, stride, out_shape))
+        x[(slice(None), slice(None)) + window] += col[(slice(None),) + offset].swapaxes(0, 1)
+
+
+def _spatial_values(layer, param, name, default, num_axes):
+    """Read a repeated per-axis field (kernel_size, stride, pad, dilation) with its _h/_w form.
+
+    Follows Caffe's BaseConvolutionLayer::LayerSetUp: the _h/_w pair is 2-D only and excludes the
+    repeated field; the repeated field is given 0 times (default), once, or once per axis.
+    """
+    values = list(getattr(param, name))
+    hw = {"kernel_size": ("kernel_h", "kernel_w"), "stride": ("stride_h", "stride_w"),
+          "pad": ("pad_h", "pad_w")}.get(name)
+    if hw and (param.HasField(hw[0]) or param.HasField(hw[1])):
+        if num_axes != 2:
+            raise layer.error(f"{hw[0]} & {hw[1]} can only be used for 2-D convolution "
+                              f"(input has {num_axes} spatial axes)")
+        if values:
+            raise layer.error(f"either {name} or {hw[0]}/{hw[1]} should be specified; not both")
+        return (getattr(param, hw[0]), getattr(param, hw[1]))
+    if default is None and not values:
+        raise layer.error(f"{name} must be specified")
+    if len(values) not in (0, 1, num_axes):
+        raise layer.error(f"{name} must be specified once, or once per spatial dimension "
+                          f"({name} specified {len(values)} times; {num_axes} spatial dims)")
+    if not values:
+        return (default,) * num_axes
+    return tuple(values) * num_axes if len(values) == 1 else tuple(values)
+
+
+# ------------------------------------------------------------------------------------------------
+# Convolution
+# ------------------------------------------------------------------------------------------------
+@register("Convolution")
+class ConvolutionLayer(Layer):
+    """N-D convolution with groups, padding, stride and dilation (Caffe's im2col + GEMM).
+
+    Shapes: bottom (N, C, *S) (leading axes before ``axis`` are all batch axes), top
+    (N, num_output, *out) with ``out = (S + 2 pad - (dilation (kernel - 1) + 1)) // stride + 1``.
+    Several bottoms (all of one shape) give as many tops, sharing the weights. float32 throughout.
+
+    Params: ``blobs[0]`` weights (num_output, C / group, *kernel), ``blobs[1]`` bias
+    (num_output,) when ``bias_term``; filled with ``weight_filler`` then ``bias_filler``.
+
+    Fields read (convolution_param): num_output (required, > 0), bias_term (true),
+    kernel_size / kernel_h + kernel_w (required), stride / stride_h + stride_w (1),
+    pad / pad_h + pad_w (0), dilation (1), group (1), axis (1), weight_filler, bias_filler
+    (constant 0). ``engine`` and ``force_nd_im2col`` are accepted and ignored.
+
+    Raises:
+        CaffeError: missing or inconsistent kernel/stride/pad/dilation fields, non-positive
+            num_output/kernel/stride, channels or num_output not divisible by group, changed
+            input channels or axis count, bottoms of different shapes, an output size < 1.
+
+    Caffe: src/caffe/layers/base_conv_layer.cpp, src/caffe/layers/conv_layer.cpp.
+    """
+
+    min_bottom = 1
+    min_top = 1
+    equal_num_bottom_top = True
+
+    def layer_setup(self, bottom, top):
+        p = self.param.convolution_param
+        self.channel_axis = bottom[0].canonical_axis(p.axis)
+        self.num_spatial = bottom[0].num_axes - self.channel_axis - 1
+        if self.num_spatial < 1:
+            raise self.error(f"needs at least one spatial axis after axis {self.channel_axis}, "
+                             f"got a bottom of shape {bottom[0].shape}")
+        d = self.num_spatial
+        self.kernel = _spatial_values(self, p, "kernel_size", None, d)
+        self.stride = _spatial_values(self, p, "stride", 1, d)
+        self.pad = _spatial_values(self, p, "pad", 0, d)
+        self.dilation = _spatial_values(self, p, "dilation", 1, d)
+        if min(self.kernel) <= 0:
+            raise self.error(f"filter dimensions must be nonzero, got kernel {self.kernel}")
+        if min(self.stride) <= 0:
+            raise self.error(f"stride dimensions must be nonzero, got stride {self.stride}")
+        if min(self.pad) < 0 or min(self.dilation) <= 0:
+            raise self.error(f"pad must be >= 0 and dilation > 0, got pad {self.pad}, "
+                             f"dilation {self.dilation}")
+        self.channels = bottom[0].shape[self.channel_axis]
+        self.num_output = p.num_output
+        self.group = p.group
+        if self.num_output <= 0:
+            raise self.error("num_output must be specified and > 0")
+        if self.group <= 0 or self.channels % self.group:
+            raise self.error(f"input channels ({self.channels}) must be a multiple of group "
+                             f"({self.group})")
+        if self.num_output % self.group:
+            raise self.error(f"num_output ({self.num_output}) should be a multiple of group "
+                             f"({self.group})")
+        self.bias_term = p.bias_term
+        weight_shape = (self.num_output, self.channels // self.group) + self.kernel
+        if not self.blobs:
+            self.blobs = [Blob(weight_shape)]
+            fillers.fill(self.blobs[0], p.weight_filler)
+            if self.bias_term:
+                self.blobs.append(Blob((self.num_output,)))
+                fillers.fill(self.blobs[1], p.bias_filler)
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def reshape(self, bottom, top):
+        axis = self.channel_axis
+        shape = bottom[0].shape
+        if len(shape) != axis + 1 + self.num_spatial:
+            raise self.error(f"bottom num_axes may not change (got shape {shape})")
+        if shape[axis] != self.channels:
+            raise self.error(f"input size incompatible with convolution kernel: "
+                             f"{shape[axis]} channels, expected {self.channels}")
+        for b in bottom[1:]:
+            if b.shape != shape:
+                raise self.error(f"all inputs must have the same shape ({b.shape} vs {shape})")
+        self.num = bottom[0].count_range(0, axis)
+        self.in_spatial = shape[axis + 1:]
+        self.out_spatial = conv_output_shape(self.in_spatial, self.kernel, self.stride,
+                                             self.pad, self.dilation)
+        if min(self.out_spatial) < 1:
+            raise self.error(f"kernel extent exceeds the padded input: input {self.in_spatial}, "
+                             f"kernel {self.kernel}, pad {self.pad}, dilation {self.dilation}")
+        top_shape = shape[:axis] + (self.num_output,) + self.out_spatial
+        for t in top:
+            t.reshape(top_shape)
+        self.padded = any(self.pad)
+        self.padded_spatial = tuple(s + 2 * p for s, p in zip(self.in_spatial, self.pad))
+        self.out_count = int(numpy.prod(self.out_spatial))
+        self.kernel_dim = (self.channels // self.group) * int(numpy.prod(self.kernel))
+        col_per_image = self.kernel_dim * self.group * self.out_count
+        self.chunk = max(1, min(self.num, COL_BUFFER_LIMIT // max(col_per_image, 1)))
+        xp = get_array_module(bottom[0].data)
+        workspace.reserve(xp, "col", col_per_image * self.chunk)
+        workspace.reserve(xp, "gemm", self.num_output * self.out_count * self.chunk)
+        if self.padded:
+            workspace.reserve(xp, "pad", self.chunk * self.channels
+                              * int(numpy.prod(self.padded_spatial)))
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _chunks(self):
+        for n0 in range(0, self.num, self.chunk):
+            yield n0, min(self.num, n0 + self.chunk)
+
+    def _columns(self, xp, x):
+        """im2col of a chunk ``x`` (n, C, *S) into the workspace; returns (group, K_g, n * P)."""
+        n = x.shape[0]
+        if self.padded:
+            xpad = workspace.get(xp, "pad", (n, self.channels) + self.padded_spatial)
+            xpad.fill(0)
+            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.in_spatial))
+            xpad[(slice(None), slice(None)) + inner] = x
+            x = xpad
+        col = workspace.get(xp, "col", (self.channels,) + self.kernel + (n,) + self.out_spatial)
+        im2col(x, self.kernel, self.stride, self.dilation, self.out_spatial, col)
+        return col.reshape(self.group, self.kernel_dim, n * self.out_count)
+
+    def _weights(self):
+        g = self.group
+        return self.blobs[0].data.reshape(g, self.num_output // g, self.kernel_dim)
+
+    # -- forward / backward ------------------------------------------------------------------
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        g, m, p = self.group, self.num_output, self.out_count
+        w = self._weights()
+        bias = self.blobs[1].data[:, None] if self.bias_term else None
+        for b, t in zip(bottom, top):
+            x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+            y = t.data.reshape(self.num, m, p)
+            for n0, n1 in self._chunks():
+                n = n1 - n0
+                col = self._columns(xp, x[n0:n1])
+                out = workspace.get(xp, "gemm", (g, m // g, n * p))
+                xp.matmul(w, col, out=out)
+                out = out.reshape(m, n, p).transpose(1, 0, 2)
+                if bias is not None:
+                    xp.add(out, bias, out=y[n0:n1])
+                else:
+                    y[n0:n1] = out
+
+    def backward(self, top, propagate_down, bottom):
+        xp = get_array_module(top[0].diff)
+        g, m, p = self.group, self.num_output, self.out_count
+        ppd = getattr(self, "param_propagate_down", [True] * len(self.blobs))
+        do_w, do_b = ppd[0], self.bias_term and ppd[1]
+        w = self._weights()
+        w_diff = self.blobs[0].diff.reshape(w.shape)
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            dy = t.diff.reshape(self.num, m, p)
+            if do_b:
+                self.blobs[1].diff += dy.sum(axis=(0, 2))
+            if not (do_w or propagate_down[i]):
+                continue
+            x = b.data.reshape((self.num, self.channels) + self.in_spatial)
+            dx = b.diff.reshape((self.num, self.channels) + self.in_spatial)
+            for n0, n1 in self._chunks():
+                n = n1 - n0
+                dyt = workspace.get(xp, "gemm", (m, n, p))
+                dyt[...] = dy[n0:n1].transpose(1, 0, 2)
+                dyt = dyt.reshape(g, m // g, n * p)
+                if do_w:
+                    col = self._columns(xp, x[n0:n1])
+                    w_diff += xp.matmul(dyt, col.transpose(0, 2, 1))
+                if propagate_down[i]:
+                    dcol = workspace.get(xp, "col", (g, self.kernel_dim, n * p))
+                    xp.matmul(w.transpose(0, 2, 1), dyt, out=dcol)
+                    dcol = dcol.reshape((self.channels,) + self.kernel + (n,) + self.out_spatial)
+                    if self.padded:
+                        dpad = workspace.get(xp, "pad", (n, self.channels) + self.padded_spatial)
+                        dpad.fill(0)
+                        col2im(dcol, self.kernel, self.stride, self.dilation, self.out_spatial,
+                               dpad)
+                        inner = tuple(slice(q, q + s) for q, s in zip(self.pad, self.in_spatial))
+                        dx[n0:n1] = dpad[(slice(None), slice(None)) + inner]
+                    else:
+                        dx[n0:n1] = 0
+                        col2im(dcol, self.kernel, self.stride, self.dilation, self.out_spatial,
+                               dx[n0:n1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Pooling
+# ------------------------------------------------------------------------------------------------
+_MAX = caffe_pb2.PoolingParameter.MAX
+_AVE = caffe_pb2.PoolingParameter.AVE
+_STOCHASTIC = caffe_pb2.PoolingParameter.STOCHASTIC
+
+
+def pooled_size(size, kernel, stride, pad, ceil_mode=True):
+    """Caffe's pooling output size along one axis.
+
+    ``ceil((size + 2 pad - kernel) / stride) + 1`` (``floor`` when not ``ceil_mode``); with
+    ``pad > 0`` the last window is dropped when it would start at or beyond ``size + pad``.
+    """
+    span = size + 2 * pad - kernel
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if pad and (out - 1) * stride >= size + pad:
+        out -= 1
+    return out
+
+
+def _offset_ranges(size, pooled, kernel, stride, pad):
+    """For each kernel offset i: (i, output slice, input slice) of the windows it lands inside.
+
+    Output ``o`` reads input ``o * stride - pad + i``; only positions inside [0, size) count,
+    exactly the rows Caffe's clipped window visits.
+    """
+    ranges = []
+    for i in range(kernel):
+        lo = max(0, -(-(pad - i) // stride))
+        hi = min(pooled, (size - 1 + pad - i) // stride + 1)
+        if lo >= hi:
+            continue
+        start = lo * stride - pad + i
+        ranges.append((i, slice(lo, hi), slice(start, start + (hi - lo - 1) * stride + 1, stride)))
+    return ranges
+
+
+@register("Pooling")
+class PoolingLayer(Layer):
+    """MAX or AVE pooling over the last two axes, with Caffe's output size and AVE divisor.
+
+    Shapes: bottom (N, C, H, W) -> top (N, C, PH, PW) (see :func:`pooled_size`); with MAX an
+    optional second top ``mask`` (N, C, PH, PW) holds each window's argmax as the float index
+    ``h * W + w`` (the first maximum in row-major scan order, as Caffe). float32.
+
+    AVE divides each window's sum by its size clipped to ``H + pad`` (padding counts, the ceil
+    overhang does not).
+
+    Fields read (pooling_param): pool (MAX), kernel_size or kernel_h + kernel_w (required unless
+    global_pooling), stride / stride_h + stride_w (1), pad / pad_h + pad_w (0), global_pooling
+    (false: kernel = H x W, needs pad 0 and stride 1), round_mode (CEIL; FLOOR).
+
+    Raises:
+        CaffeError: inconsistent kernel/stride/pad fields, zero kernel, pad >= kernel, a second
+            top with AVE, an input that is not 4-D, and STOCHASTIC pooling at forward time (Caffe
+            has no CPU implementation either).
+
+    Caffe: src/caffe/layers/pooling_layer.cpp.
+    """
+
+    exact_num_bottom = 1
+    min_top = 1
+    max_top = 2
+
+    def layer_setup(self, bottom, top):
+        p = self.param.pooling_param
+        self.method = p.pool
+        if self.method not in (_MAX, _AVE, _STOCHASTIC):
+            raise self.error(f"unknown pooling method {self.method}")
+        if len(top) > 1 and self.method != _MAX:
+            raise self.error(f"produces at most 1 top blob(s) for pool "
+                             f"{caffe_pb2.PoolingParameter.PoolMethod.Name(self.method)}, "
+                             f"got {len(top)}")
+        has = p.HasField
+        self.global_pooling = p.global_pooling
+        if self.global_pooling:
+            if has("kernel_size") or has("kernel_h") or has("kernel_w"):
+                raise self.error("with global_pooling: true filter size cannot be specified")
+        else:
+            if has("kernel_size") == (has("kernel_h") and has("kernel_w")):
+                raise self.error("filter size is kernel_size OR kernel_h and kernel_w; not both"
+                                 if has("kernel_size") else
+                                 "kernel_size (or both kernel_h and kernel_w) is required")
+        if not ((not has("pad") and has("pad_h") and has("pad_w"))
+                or (not has("pad_h") and not has("pad_w"))):
+            raise self.error("pad is pad OR pad_h and pad_w are required")
+        if not ((not has("stride") and has("stride_h") and has("stride_w"))
+                or (not has("stride_h") and not has("stride_w"))):
+            raise self.error("stride is stride OR stride_h and stride_w are required")
+        if self.global_pooling:
+            self.kernel = tuple(bottom[0].shape[-2:])
+        elif has("kernel_size"):
+            self.kernel = (p.kernel_size, p.kernel_size)
+        else:
+            self.kernel = (p.kernel_h, p.kernel_w)
+        if min(self.kernel) <= 0:
+            raise self.error(f"filter dimensions cannot be zero, got {self.kernel}")
+        self.pad = (p.pad_h, p.pad_w) if has("pad_h") else (p.pad, p.pad)
+        self.stride = (p.stride_h, p.stride_w) if has("stride_h") else (p.stride, p.stride)
+        if min(self.stride) <= 0:
+            raise self.error(f"stride cannot be zero, got {self.stride}")
+        if self.global_pooling and (any(self.pad) or self.stride != (1, 1)):
+            raise self.error("with global_pooling: true only pad = 0 and stride = 1 are allowed")
+        if any(self.pad):
+            if self.method not in (_MAX, _AVE):
+                raise self.error("padding implemented only for average and max pooling")
+            if self.pad[0] >= self.kernel[0] or self.pad[1] >= self.kernel[1]:
+                raise self.error(f"pad {self.pad} must be smaller than kernel {self.kernel}")
+        self.ceil_mode = p.round_mode == caffe_pb2.PoolingParameter.CEIL
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width), "
+                             f"got shape {shape}")
+        xp = get_array_module(bottom[0].data)
+        if (shape, xp.__name__) == getattr(self, "_reshaped_for", None):
+            for t in top:
+                t.reshape(self.top_shape)
+            return
+        n, c, h, w = shape
+        if self.global_pooling:
+            self.kernel = (h, w)
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.pad
+        out_h = pooled_size(h, kh, sh, ph, self.ceil_mode)
+        out_w = pooled_size(w, kw, sw, pw, self.ceil_mode)
+        if out_h < 1 or out_w < 1:
+            raise self.error(f"kernel {self.kernel} larger than the padded input {(h, w)}")
+        self.in_hw, self.out_hw = (h, w), (out_h, out_w)
+        self.top_shape = (n, c, out_h, out_w)
+        for t in top:
+            t.reshape(self.top_shape)
+        rows = _offset_ranges(h, out_h, kh, sh, ph)
+        cols = _offset_ranges(w, out_w, kw, sw, pw)
+        # One entry per kernel offset (i, j) that lands inside the input, in Caffe's row-major
+        # scan order: the output slice, the input slice it reads, and its index offset i*W + j.
+        self.offsets = [((Ellipsis, out_r, out_c), (Ellipsis, in_r, in_c), i * w + j)
+                        for i, out_r, in_r in rows for j, out_c, in_c in cols]
+        # Whole-plane windows (global pooling): one reduction instead of kh * kw steps.
+        self.whole_plane = out_h == out_w == 1 and not any(self.pad) and kh >= h and kw >= w
+        if self.method == _MAX:
+            if self.whole_plane:
+                self.argmax = xp.empty((n, c, out_h, out_w), numpy.int32)
+            else:
+                # code = K - k for the first offset k holding the window's max, 0 for none.
+                k = len(self.offsets)
+                self.code = xp.empty((n, c, out_h, out_w),
+                                     numpy.int16 if k < 2 ** 15 else numpy.int32)
+                # Flat input index of an output's window origin, and i*W + j per offset k.
+                base = ((numpy.arange(out_h) * sh - ph)[:, None] * w
+                        + (numpy.arange(out_w) * sw - pw)[None, :])
+                self.window_base = xp.asarray(base.astype(numpy.int32))
+                self.offset_index = xp.asarray(numpy.array(
+                    [o[2] for o in self.offsets] + [0], numpy.int32))
+        elif self.method == _AVE:
+            hs = numpy.arange(out_h) * sh - ph
+            ws = numpy.arange(out_w) * sw - pw
+            size_h = numpy.minimum(hs + kh, h + ph) - hs
+            size_w = numpy.minimum(ws + kw, w + pw) - ws
+            self.divisor = xp.asarray((size_h[:, None] * size_w[None, :]).astype(f32))
+        # The tables above depend only on the bottom's shape: rebuilt only when it changes.
+        self._reshaped_for = (shape, xp.__name__)
+
+    def forward(self, bottom, top):
+        if self.method == _STOCHASTIC:
+            raise self.error("STOCHASTIC pooling is not implemented in the CPU engine "
+                             "(Caffe: 'Not Implemented Yet'); use MAX or AVE")
+        xp = get_array_module(bottom[0].data)
+        x, y = bottom[0].data, top[0].data
+        if self.method == _MAX:
+            if self.whole_plane:
+                self._max_whole_plane(xp, x, y)
+                if len(top) > 1:
+                    top[1].data[...] = self.argmax
+                return
+            # Caffe scans each window in row-major order and keeps a value when it is strictly
+            # greater than the running max, which starts at -FLT_MAX: the max ignoring NaN
+            # (fmax), at the first offset holding it, and no index when nothing beat -FLT_MAX.
+            y.fill(-FLT_MAX)
+            for out_sl, in_sl, _ in self.offsets:
+                xp.fmax(y[out_sl], x[in_sl], out=y[out_sl])
+            code, count = self.code, len(self.offsets)
+            code.fill(0)
+            for k, (out_sl, in_sl, _) in enumerate(self.offsets):
+                found = x[in_sl] == y[out_sl]
+                xp.maximum(code[out_sl], found * code.dtype.type(count - k), out=code[out_sl])
+            code *= y > -FLT_MAX
+            if len(top) > 1:
+                index = self.window_base + self.offset_index[count - code]
+                top[1].data[...] = xp.where(code > 0, index, -1)
+        else:
+            if self.whole_plane:
+                y[...] = x.sum(axis=(2, 3), keepdims=True)
+            else:
+                y.fill(0)
+                for out_sl, in_sl, _ in self.offsets:
+                    y[out_sl] += x[in_sl]
+            y /= self.divisor
+
+    def _max_whole_plane(self, xp, x, y):
+        """MAX over each whole (H, W) plane with Caffe's semantics (see ``forward``)."""
+        n, c = x.shape[:2]
+        flat = x.reshape(n, c, -1)
+        best = xp.where(xp.isnan(flat), f32(-numpy.inf), flat).max(axis=2)
+        xp.maximum(best, -FLT_MAX, out=best)
+        first = (flat == best[..., None]).argmax(axis=2)
+        self.argmax[...] = xp.where(best > -FLT_MAX, first, -1).reshape(self.argmax.shape)
+        y[...] = best.reshape(y.shape)
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if self.method == _STOCHASTIC:
+            raise self.error("STOCHASTIC pooling is not implemented in the CPU engine")
+        xp = get_array_module(top[0].diff)
+        dy, dx = top[0].diff, bottom[0].diff
+        if self.method == _MAX:
+            if self.whole_plane:
+                n, c = dx.shape[:2]
+                plane = xp.arange(dx.shape[2] * dx.shape[3], dtype=numpy.int32)
+                dx.reshape(n, c, -1)[...] = xp.where(plane == self.argmax.reshape(n, c, 1),
+                                                     dy.reshape(n, c, 1), f32(0))
+                return
+            code, count = self.code, len(self.offsets)
+            dx.fill(0)
+            for k, (out_sl, in_sl, _) in enumerate(self.offsets):
+                dx[in_sl] += dy[out_sl] * (code[out_sl] == count - k)
+        else:
+            g = dy / self.divisor
+            if self.whole_plane:
+                dx[...] = g
+                return
+            dx.fill(0)
+            for out_sl, in_sl, _ in self.offsets:
+                dx[in_sl] += g[out_sl]

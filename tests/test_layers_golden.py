@@ -1,0 +1,135 @@
+"""Golden tests: the engine's layers against BVLC Caffe's outputs (../shared/caffe_reference).
+
+Every ``kind: layer`` case of the layer types below is replayed by ``golden.check_case``; every
+configuration Caffe aborts on (manifest ``failures``) must raise CaffeError. A few behaviours the
+fixtures do not stress (MAX pooling ties, NaN and -inf; Accuracy ties; Convolution cut into
+chunks) are checked against straight loops written from Caffe's code, or against the fixtures
+again.
+"""
+import numpy
+import pytest
+from google.protobuf import text_format
+
+import golden
+from caffe_engine.blob import Blob
+from caffe_engine.errors import CaffeError
+from caffe_engine.layers import create_layer, vision
+from caffe_engine.proto import caffe_pb2
+
+LAYER_TYPES = {"Convolution", "Pooling", "InnerProduct", "Input", "ReLU", "Softmax",
+               "SoftmaxWithLoss", "Accuracy"}
+
+CASES = golden.cases(LAYER_TYPES)
+FAILURES = golden.failures(LAYER_TYPES)
+
+
+def test_every_type_has_cases():
+    assert {c["layer_type"] for c in CASES} == LAYER_TYPES
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_layer_matches_caffe(case):
+    golden.check_case(case)
+
+
+@pytest.mark.parametrize("failure", FAILURES, ids=[f["id"] for f in FAILURES])
+def test_caffe_failure_raises(failure):
+    with pytest.raises(CaffeError):
+        golden.run_failure(failure)
+
+
+# -- Behaviours the fixtures do not stress, against straight loops written from Caffe's code ----
+def _caffe_max_pool(x, kernel, stride, pad, out_hw):
+    """Caffe's MAX pooling loop: running max from -FLT_MAX, strict '>', row-major scan."""
+    n, c, h, w = x.shape
+    top = numpy.full((n, c) + out_hw, -numpy.finfo(numpy.float32).max, numpy.float32)
+    mask = numpy.full((n, c) + out_hw, -1.0, numpy.float32)
+    for ph in range(out_hw[0]):
+        for pw in range(out_hw[1]):
+            hs, ws = ph * stride[0] - pad[0], pw * stride[1] - pad[1]
+            he, we = min(hs + kernel[0], h), min(ws + kernel[1], w)
+            for hh in range(max(hs, 0), he):
+                for ww in range(max(ws, 0), we):
+                    better = x[:, :, hh, ww] > top[:, :, ph, pw]
+                    top[:, :, ph, pw][better] = x[:, :, hh, ww][better]
+                    mask[:, :, ph, pw][better] = hh * w + ww
+    return top, mask
+
+
+@pytest.mark.parametrize("pool", ["kernel_size: 3 stride: 2 pad: 1", "kernel_size: 2 stride: 2",
+                                  "kernel_h: 3 kernel_w: 2 stride_h: 1 stride_w: 2",
+                                  "global_pooling: true"])
+def test_max_pooling_ties_nan_and_mask(pool):
+    rng = numpy.random.RandomState(11)
+    x = rng.randint(-2, 3, (2, 3, 7, 6)).astype(numpy.float32)   # many ties
+    x[0, 0, 1, 1] = numpy.nan
+    x[0, 1, :3, :3] = -numpy.inf
+    x[1, 2, :, :] = -numpy.finfo(numpy.float32).max              # nothing beats -FLT_MAX
+    layer, bottoms, tops = _make(f'type: "Pooling" pooling_param {{ pool: MAX {pool} }}',
+                                 [x], ntop=2)
+    layer.forward(bottoms, tops)
+    p = layer
+    ref_top, ref_mask = _caffe_max_pool(x, p.kernel, p.stride, p.pad, p.out_hw)
+    numpy.testing.assert_array_equal(tops[0].data, ref_top)
+    numpy.testing.assert_array_equal(tops[1].data, ref_mask)
+    # Backward sends each top diff to the recorded index (none where the mask is -1).
+    tops[0].diff[...] = rng.standard_normal(tops[0].shape)
+    layer.backward(tops, [True], bottoms)
+    expected = numpy.zeros(x.shape, numpy.float64)
+    n_, c_ = numpy.indices(ref_mask.shape[:2])
+    for idx in numpy.ndindex(ref_mask.shape[2:]):
+        m = ref_mask[(Ellipsis,) + idx].astype(int)
+        ok = m >= 0
+        numpy.add.at(expected.reshape(x.shape[0], x.shape[1], -1),
+                     (n_[ok], c_[ok], m[ok]), tops[0].diff[(Ellipsis,) + idx][ok])
+    numpy.testing.assert_allclose(bottoms[0].diff, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_accuracy_ties_count_against_the_prediction():
+    scores = numpy.array([[1, 1, 0], [2, 2, 2], [0, 3, 3], [5, 1, 1]], numpy.float32)
+    labels = numpy.array([0, 2, 1, 1], numpy.float32)
+    # Caffe: correct iff #{k != label : s_k >= s_label} < top_k.
+    for top_k, expected in [(1, 0.0), (2, 0.5), (3, 1.0)]:
+        layer, bottoms, tops = _make(
+            f'type: "Accuracy" accuracy_param {{ top_k: {top_k} }}', [scores, labels], ntop=2)
+        layer.forward(bottoms, tops)
+        assert tops[0].data == numpy.float32(expected)
+    # top_k 2: rows 0 (tie with class 1) and 2 (tie with class 2) hit; per class: 0 -> 1/1,
+    # 1 -> 1/2, 2 -> 0/1.
+    layer, bottoms, tops = _make('type: "Accuracy" accuracy_param { top_k: 2 }',
+                                 [scores, labels], ntop=2)
+    layer.forward(bottoms, tops)
+    numpy.testing.assert_array_equal(tops[1].data, numpy.float32([1, 0.5, 0]))
+
+
+def test_softmax_with_loss_rejects_labels_out_of_range():
+    layer, bottoms, tops = _make('type: "SoftmaxWithLoss"',
+                                 [numpy.zeros((2, 3), numpy.float32),
+                                  numpy.float32([0, 3])], ntop=1)
+    with pytest.raises(CaffeError, match="label value 3"):
+        layer.forward(bottoms, tops)
+
+
+CONV_CASES = [c for c in CASES if c["layer_type"] == "Convolution"]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c["id"] for c in CONV_CASES])
+def test_convolution_in_chunks_matches_caffe(case, monkeypatch):
+    # A column buffer smaller than one image: every image becomes its own chunk.
+    monkeypatch.setattr(vision, "COL_BUFFER_LIMIT", 1)
+    golden.check_case(case)
+
+
+def _make(text, values, ntop):
+    lp = text_format.Parse(f'name: "layer" {text}', caffe_pb2.LayerParameter())
+    lp.bottom.extend(f"b{i}" for i in range(len(values)))
+    lp.top.extend(f"t{i}" for i in range(ntop))
+    layer = create_layer(lp, caffe_pb2.TEST)
+    bottoms = []
+    for v in values:
+        blob = Blob(v.shape)
+        blob.data[...] = v
+        bottoms.append(blob)
+    tops = [Blob() for _ in range(ntop)]
+    layer.setup(bottoms, tops)
+    return layer, bottoms, tops
