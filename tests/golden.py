@@ -29,6 +29,7 @@ from google.protobuf import json_format, text_format
 from caffe_engine.blob import Blob
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
+from caffe_engine.rng import set_random_seed
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 LAYER_REF = SHARED / "caffe_reference" / "layers"
@@ -84,6 +85,8 @@ class Replay:
 
     def __init__(self, case, arrays, net):
         self.case, self.arrays, self.net = case, arrays, net
+        # Dropout (TRAIN) and DummyData draw from Caffe's stream, seeded just before the build.
+        set_random_seed(case["caffe_seed"])
         self.phase = net.state.phase
         self.blobs = {}
         self.layers = []      # (LayerParameter, layer, bottoms, tops)

@@ -1,6 +1,8 @@
 """Golden tests: the engine's layers against BVLC Caffe's outputs (../shared/caffe_reference).
 
-Every ``kind: layer`` case of the layer types below is replayed by ``golden.check_case``; every
+Every ``kind: layer`` case of the manifest is replayed by ``golden.check_case``. A case whose
+net uses a layer type the engine does not register yet is a strict expected failure, so it
+turns into an error the moment the type lands without passing. Every
 configuration Caffe aborts on (manifest ``failures``) must raise CaffeError. A few behaviours the
 fixtures do not stress (MAX pooling ties, NaN and -inf; Accuracy ties; Convolution cut into
 chunks) are checked against straight loops written from Caffe's code, or against the fixtures
@@ -16,18 +18,32 @@ from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer, vision
 from caffe_engine.proto import caffe_pb2
 
+from caffe_engine.layers import layer_type_list
+
+ALL_CASES = [c for c in golden.manifest()["cases"] if c["kind"] == "layer"]
 LAYER_TYPES = {"Convolution", "Pooling", "InnerProduct", "Input", "ReLU", "Softmax",
                "SoftmaxWithLoss", "Accuracy"}
-
 CASES = golden.cases(LAYER_TYPES)
 FAILURES = golden.failures(LAYER_TYPES)
 
 
-def test_every_type_has_cases():
+def _missing_types(case):
+    _, net = golden.load(case)
+    return sorted({lp.type for lp in net.layer} - set(layer_type_list()))
+
+
+def _case_param(case):
+    missing = _missing_types(case)
+    marks = [pytest.mark.xfail(strict=True, reason=f"layer type(s) {', '.join(missing)} "
+                               "not implemented yet")] if missing else []
+    return pytest.param(case, id=case["id"], marks=marks)
+
+
+def test_every_lenet_type_has_cases():
     assert {c["layer_type"] for c in CASES} == LAYER_TYPES
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+@pytest.mark.parametrize("case", [_case_param(c) for c in ALL_CASES])
 def test_layer_matches_caffe(case):
     golden.check_case(case)
 

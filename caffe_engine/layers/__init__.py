@@ -3,4 +3,5 @@
 Importing this package registers every layer type; see ``base.register``.
 """
 from .base import Layer, create_layer, layer_type_list, register  # noqa: F401
-from . import common, data, loss, neuron, split, vision  # noqa: F401  (registration side effects)
+from . import (common, data, dummy_data, hdf5, image_data, loss, memory_data,  # noqa: F401
+               neuron, normalization, python_layer, recurrent, split, vision)  # registration
