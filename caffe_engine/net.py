@@ -215,6 +215,9 @@ class Net:
         self._param_owner = {}  # ParamSpec name -> (layer index, param index)
         available = collections.OrderedDict()
         self.memory_used = 0
+        #: Callables ``hook(layer_index)`` run after each layer's backward (in backward order):
+        #: the data-parallel gradient buckets launch their allreduce from here.
+        self.backward_hooks = []
 
         for layer_id, lp_in in enumerate(param.layer):
             lp = caffe_pb2.LayerParameter()
@@ -410,6 +413,8 @@ class Net:
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
                 self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+            for hook in self.backward_hooks:
+                hook(i)
 
     def forward_loss(self):
         """Forward the whole net and return the loss as a float32 scalar (Caffe's Net::Forward)."""
