@@ -10,6 +10,7 @@ from .backend import set_device, set_mode_cpu, set_mode_gpu  # noqa: F401
 from .blob import Blob  # noqa: F401
 from .errors import CaffeError  # noqa: F401
 from .layers import layer_type_list  # noqa: F401
+from .layers.python_layer import PythonLayerBase as Layer  # noqa: F401  (pycaffe's caffe.Layer)
 from .net import TEST, TRAIN, Net  # noqa: F401
 from .rng import set_random_seed  # noqa: F401
 from .solvers import SGDSolver, get_solver  # noqa: F401

@@ -63,6 +63,31 @@ class Blob:
     def num_axes(self):
         return len(self._shape)
 
+    def legacy_shape(self, index):
+        """Caffe's LegacyShape: dim ``index`` (-4..3) of the shape padded to 4 axes with 1s."""
+        if len(self._shape) > 4:
+            raise ValueError(f"legacy accessors need a blob of at most 4 axes, not {self._shape}")
+        if index >= len(self._shape) or index < -len(self._shape):
+            return 1
+        return self._shape[index]
+
+    @property
+    def num(self):
+        """Legacy N (pycaffe's ``blob.num``)."""
+        return self.legacy_shape(0)
+
+    @property
+    def channels(self):
+        return self.legacy_shape(1)
+
+    @property
+    def height(self):
+        return self.legacy_shape(2)
+
+    @property
+    def width(self):
+        return self.legacy_shape(3)
+
     def count_range(self, start, end=None):
         """Product of dims ``start`` .. ``end - 1`` (Caffe's ``count(start, end)``)."""
         n = 1

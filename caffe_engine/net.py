@@ -535,6 +535,16 @@ class Net:
                 t.data = s.data
 
     # -- pycaffe conveniences -----------------------------------------------------------------
+    def set_input_arrays(self, data, labels):
+        """Feed a MemoryData first layer (pycaffe's ``Net.set_input_arrays``).
+
+        Raises:
+            CaffeError: the first layer is not MemoryData.
+        """
+        if not self.layers or self.layers[0].type != "MemoryData":
+            raise CaffeError("set_input_arrays may only be called if the first layer is a MemoryDataLayer")
+        self.layers[0].set_input_arrays(data, labels)
+
     @property
     def _layer_names(self):
         return list(self.layer_names)
