@@ -1,0 +1,254 @@
+"""Glue for data-parallel training over MPI: ranks, seeds, record dealing, checks, faults.
+
+One process per worker, started by ``mpiexec -n P caffe train ...``. Caffe's multi-GPU scheme
+(src/caffe/parallel.cpp, solver.cpp, layers/data_layer.cpp), process for process:
+
+- rank and size come from the launcher (:func:`init`); rank 0 is the root solver: it alone logs,
+  tests and snapshots;
+- each solver seeds its streams with ``random_seed + rank`` (:func:`rank_seed`, Caffe's
+  ``Solver::Init``), then the root's freshly filled weights are broadcast to all
+  (:func:`broadcast_params`, Caffe's ``NCCL::Broadcast``), so every rank starts equal;
+- the training records are dealt out: record i goes to rank i mod P (:func:`deal_records` sets the
+  Data layers' ``solver_count`` / ``solver_rank``, which their ``Skip`` reads — TEST nets read
+  everything);
+- after backward the diffs are averaged (:class:`~.buckets.GradientSync`), so every rank applies
+  the same update and the weights stay bitwise identical; ``--debug_sync`` checks that
+  (:func:`check_params_in_sync`);
+- at startup all ranks compare a digest of their solver and net parameters
+  (:func:`check_same_config`): different prototxts on different ranks are a one-line error on
+  every rank.
+
+Faults: :func:`guard` (or :func:`install_excepthook`) turns an exception on one rank into a
+one-line message and ``MPI_Abort``, which makes ``mpiexec`` end every rank with a non-zero status;
+the communicators' watchdog aborts a wait that outlives its timeout (a rank that hangs or exits
+without aborting); a killed rank is noticed by ``mpiexec`` itself. No rank hangs.
+"""
+import contextlib
+import hashlib
+import sys
+
+import numpy
+
+from .. import backend
+from ..errors import CaffeError
+from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
+                           launcher_rank_size)
+
+
+class Context:
+    """This process's place in the data-parallel job.
+
+    Attributes:
+        rank, size: from the communicator (0, 1 without MPI).
+        comm: the communicator (:func:`~.communicator.get_communicator`).
+        is_root: rank == 0.
+    """
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.rank
+        self.size = comm.size
+
+    @property
+    def is_root(self):
+        return self.rank == 0
+
+    def __repr__(self):
+        return f"<distributed.Context rank {self.rank} of {self.size} ({self.comm.name})>"
+
+
+def init(algorithm="tree", install_handlers=True, **opts):
+    """Set up the job: the communicator named ``algorithm`` over COMM_WORLD.
+
+    Without an MPI launcher (or without mpi4py) this is a one-process context and MPI is not
+    initialised. With more than one rank, ``install_handlers`` makes an uncaught exception abort
+    every rank (:func:`install_excepthook`).
+
+    Args:
+        algorithm: "tree" (default), "ring", "ps", "mpi" or "nccl".
+        **opts: passed to the communicator (``timeout``, ``branching``, ``chunk_bytes``...).
+
+    Raises:
+        CaffeError: unknown algorithm, unusable NCCL.
+    """
+    comm = get_communicator(algorithm, **opts)
+    ctx = Context(comm)
+    if install_handlers and ctx.size > 1:
+        install_excepthook(ctx.rank, ctx.size)
+    return ctx
+
+
+# --------------------------------------------------------------------------------------------
+# Seeds and data
+# --------------------------------------------------------------------------------------------
+def rank_seed(random_seed, rank):
+    """Caffe's per-solver seed: ``random_seed + rank``; a negative seed (random) stays negative."""
+    random_seed = int(random_seed)
+    return random_seed + int(rank) if random_seed >= 0 else random_seed
+
+
+def record_indices(num_records, rank, size):
+    """Indices of the records rank ``rank`` reads in one pass: i with i % size == rank."""
+    return range(int(rank), int(num_records), int(size))
+
+
+def deal_records(net, rank, size):
+    """Make every layer of ``net`` that can skip records (``solver_count`` / ``solver_rank``
+    attributes, e.g. Data) read only record i with i % size == rank (Caffe's ``DataLayer::Skip``;
+    the layer itself keeps reading everything in the TEST phase).
+
+    Returns:
+        the names of the layers configured.
+    """
+    names = []
+    for name, layer in zip(net.layer_names, net.layers):
+        if hasattr(layer, "solver_count") and hasattr(layer, "solver_rank"):
+            layer.solver_count = int(size)
+            layer.solver_rank = int(rank)
+            names.append(name)
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# Consistency
+# --------------------------------------------------------------------------------------------
+def message_digest(message):
+    """SHA-256 (hex) of a protobuf message's deterministic binary serialisation."""
+    return hashlib.sha256(message.SerializeToString(deterministic=True)).hexdigest()
+
+
+def check_same_config(comm, **messages):
+    """Raise on every rank unless every rank holds the same ``messages`` (protobufs or strings).
+
+    Call it at startup with e.g. ``solver=solver_param, net=net_param``. Collective.
+
+    Raises:
+        CaffeError: one line naming the first differing item and the ranks that disagree.
+    """
+    mine = {}
+    for key, msg in messages.items():
+        if isinstance(msg, (str, bytes)):
+            data = msg.encode() if isinstance(msg, str) else msg
+            mine[key] = hashlib.sha256(data).hexdigest()
+        else:
+            mine[key] = message_digest(msg)
+    everyone = comm.allgather_object(mine)
+    for key in messages:
+        ref = everyone[0].get(key)
+        differ = [r for r, d in enumerate(everyone) if d.get(key) != ref]
+        if differ:
+            raise CaffeError(
+                f"the {key} parameters differ between ranks (rank 0 has {ref[:12]}, rank "
+                f"{differ[0]} has {everyone[differ[0]].get(key, 'none')[:12]}); start every "
+                "rank with the same prototxt files")
+
+
+def broadcast_params(net, comm, root=0):
+    """Overwrite every learnable param's data with ``root``'s (Caffe's ``NCCL::Broadcast``).
+
+    The params are packed into one float32 buffer so that one broadcast carries them all.
+    Collective; a no-op with one rank.
+    """
+    if comm.size == 1:
+        return
+    blobs = list(net.learnable_params)
+    if not blobs:
+        return
+    xp = backend.get_array_module(blobs[0].data)
+    flat = xp.concatenate([b.data.reshape(-1) for b in blobs])
+    flat = xp.ascontiguousarray(flat, dtype=numpy.float32)
+    comm.bcast_(flat, root)
+    off = 0
+    for b in blobs:
+        b.data[...] = flat[off:off + b.count].reshape(b.data.shape)
+        off += b.count
+
+
+def param_digests(net, diff=False):
+    """SHA-1 (16 hex digits) of each learnable param's data (or diff) bytes, in order."""
+    out = []
+    for b in net.learnable_params:
+        arr = numpy.ascontiguousarray(backend.to_numpy(b.diff if diff else b.data))
+        out.append(hashlib.sha1(arr.tobytes()).hexdigest()[:16])
+    return out
+
+
+def _param_label(net, k):
+    """'layer[j]' naming the owner of learnable param k."""
+    target = net.learnable_params[k]
+    for name, layer in zip(net.layer_names, net.layers):
+        for j, blob in enumerate(layer.blobs):
+            if blob is target:
+                return f"{name}[{j}]"
+    return f"#{k}"
+
+
+def check_params_in_sync(net, comm, iteration=None, diff=False):
+    """``--debug_sync``: raise on every rank unless all ranks hold bitwise identical weights.
+
+    Collective (one allgather of per-param digests).
+
+    Raises:
+        CaffeError: one line naming the first differing param and rank.
+    """
+    if comm.size == 1:
+        return
+    everyone = comm.allgather_object(param_digests(net, diff))
+    ref = everyone[0]
+    for rank, digests in enumerate(everyone):
+        for k, (a, b) in enumerate(zip(ref, digests)):
+            if a != b:
+                when = f" after iteration {iteration}" if iteration is not None else ""
+                what = "gradients" if diff else "weights"
+                raise CaffeError(f"--debug_sync: {what} differ between ranks{when}: param "
+                                 f"{_param_label(net, k)} on rank {rank} differs from rank 0")
+
+
+# --------------------------------------------------------------------------------------------
+# Faults
+# --------------------------------------------------------------------------------------------
+def _describe(exc):
+    if isinstance(exc, CaffeError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def install_excepthook(rank, size):
+    """Make an uncaught exception print one line and abort every rank (not only this one)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not isinstance(value, CaffeError):
+            previous(kind, value, tb)
+        abort_world(f"caffe_engine: rank {rank} of {size} failed: {_describe(value)}; "
+                    "aborting all ranks")
+
+    sys.excepthook = hook
+    return hook
+
+
+@contextlib.contextmanager
+def guard(ctx):
+    """Run a block so that its failure on one rank ends every rank (non-zero, within seconds).
+
+    An exception — a CaffeError, a bug, ``sys.exit(n)`` with n != 0, Ctrl-C — on any rank prints
+    ``caffe_engine: rank R of P failed: <message>`` and calls ``MPI_Abort``; ``mpiexec`` then
+    ends the others. With one rank the exception propagates unchanged.
+    """
+    if ctx.size == 1:
+        yield ctx
+        return
+    try:
+        yield ctx
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            raise
+        abort_world(f"caffe_engine: rank {ctx.rank} of {ctx.size} exited with status "
+                    f"{exc.code}; aborting all ranks", code=exc.code if isinstance(exc.code, int)
+                    else 1)
+    except BaseException as exc:  # noqa: B902 - every failure must end the job
+        if not isinstance(exc, CaffeError):
+            import traceback
+            traceback.print_exc()
+        abort_world(f"caffe_engine: rank {ctx.rank} of {ctx.size} failed: {_describe(exc)}; "
+                    "aborting all ranks")

@@ -1,0 +1,234 @@
+"""Communication pieces that need no mpiexec: tree shape, chunking, selection, buckets, watchdog,
+cost model."""
+import json
+import time
+import types
+
+import numpy
+import pytest
+
+from caffe_engine.comm import cost_model, distributed
+from caffe_engine.comm.buckets import plan_buckets
+from caffe_engine.comm.communicator import (Handle, LocalCommunicator, Watchdog, check_buffer,
+                                            get_communicator, launcher_rank_size)
+from caffe_engine.comm.ring import ring_segments
+from caffe_engine.comm.tree import (ceil_log, chunk_bounds, tree_children, tree_depth,
+                                    tree_level, tree_parent)
+from caffe_engine.errors import CaffeError
+
+
+# -- tree shape --------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("size", range(1, 18))
+def test_tree_reaches_every_rank_once_within_log_depth(size, k):
+    seen = []
+    frontier = [0]
+    while frontier:
+        seen += frontier
+        frontier = [c for r in frontier for c in tree_children(r, size, k)]
+    assert sorted(seen) == list(range(size))              # every rank, once
+    assert len(seen) == len(set(seen))
+    for r in range(1, size):
+        assert r in tree_children(tree_parent(r, k), size, k)
+    assert tree_parent(0, k) is None
+    depth = max(tree_level(r, k) for r in range(size))
+    assert depth == tree_depth(size, k)
+    assert depth <= ceil_log(size, k)
+    exact = 0 if size == 1 else int(numpy.ceil(numpy.log(size) / numpy.log(k) - 1e-12))
+    assert ceil_log(size, k) == exact
+
+
+def test_binary_tree_of_seven():
+    assert [tree_children(r, 7) for r in range(7)] == [[1, 2], [3, 4], [5, 6], [], [], [], []]
+    assert tree_depth(7) == 2 and tree_depth(8) == 3 and tree_depth(1) == 0
+
+
+@pytest.mark.parametrize("count, chunk", [(0, 4), (1, 4), (4, 4), (5, 4), (1009, 64), (10, 1)])
+def test_chunks_cover_buffer_in_order(count, chunk):
+    b = chunk_bounds(count, chunk)
+    assert [lo for lo, _ in b] == list(range(0, count, chunk))
+    assert all(0 < hi - lo <= chunk for lo, hi in b)
+    assert (b[-1][1] if b else 0) == count
+
+
+@pytest.mark.parametrize("count, size", [(0, 3), (1, 4), (10, 3), (1009, 4), (7, 7), (5, 8)])
+def test_ring_segments_partition_evenly(count, size):
+    seg = ring_segments(count, size)
+    assert len(seg) == size and seg[0][0] == 0 and seg[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(seg, seg[1:]))
+    lengths = [hi - lo for lo, hi in seg]
+    assert max(lengths) - min(lengths) <= 1
+
+
+# -- selection and the single-process communicator ----------------------------------------------
+def test_unknown_name_is_one_line_error():
+    with pytest.raises(CaffeError) as info:
+        get_communicator("butterfly")
+    msg = str(info.value)
+    assert "\n" not in msg and "butterfly" in msg and "tree, ring, ps, mpi, nccl" in msg
+
+
+@pytest.mark.parametrize("name", ["tree", "ring", "ps", "mpi", "nccl"])
+def test_single_process_gets_local_communicator(name, monkeypatch):
+    for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    comm = get_communicator(name)
+    assert isinstance(comm, LocalCommunicator) and (comm.rank, comm.size) == (0, 1)
+    buf = numpy.arange(5, dtype=numpy.float32)
+    before = buf.copy()
+    assert comm.allreduce_(buf, op="mean") is buf
+    assert comm.allreduce_async_(buf).wait() is buf
+    comm.bcast_(buf, 0)
+    comm.barrier()
+    numpy.testing.assert_array_equal(buf, before)
+    assert comm.allgather_object("x") == ["x"]
+
+
+def test_launcher_environment():
+    assert launcher_rank_size({}) == (0, 1)
+    assert launcher_rank_size({"PMI_RANK": "2", "PMI_SIZE": "4"}) == (2, 4)
+    assert launcher_rank_size({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3"}) == (1, 3)
+
+
+def test_buffer_checks():
+    assert check_buffer(numpy.zeros((2, 3), numpy.float32)).shape == (6,)
+    with pytest.raises(CaffeError, match="float32"):
+        check_buffer(numpy.zeros(3))
+    with pytest.raises(CaffeError, match="contiguous"):
+        check_buffer(numpy.zeros((3, 3), numpy.float32).T)
+    ro = numpy.zeros(3, numpy.float32)
+    ro.flags.writeable = False
+    with pytest.raises(CaffeError, match="read-only"):
+        check_buffer(ro)
+
+
+def test_nccl_without_cupy_is_a_clear_error():
+    pytest.importorskip("mpi4py", exc_type=ImportError)
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed")
+    except ImportError:
+        pass
+    from caffe_engine.comm.nccl import NCCLCommunicator
+    with pytest.raises(CaffeError, match="needs CuPy with NCCL"):
+        NCCLCommunicator()
+
+
+def test_handle_timeout_and_error():
+    h = Handle(numpy.zeros(1, numpy.float32))
+    with pytest.raises(CaffeError, match="within 0.01 s"):
+        h.wait(0.01)
+    h._finish(ValueError("x"))
+    with pytest.raises(ValueError):
+        h.wait()
+
+
+def test_watchdog_fires_on_a_late_wait_only():
+    fired = []
+    dog = Watchdog(on_timeout=fired.append)
+    with dog.watch("quick op", 5.0, rank=1, size=4):
+        pass
+    with dog.watch("allreduce of 8 bytes (tree)", 0.2, rank=3, size=4):
+        time.sleep(0.8)
+    assert len(fired) == 1
+    assert fired[0].startswith("caffe_engine: rank 3 of 4: allreduce of 8 bytes (tree) waited "
+                               "more than 0.2 s")
+    with dog.watch("no timeout", 0):
+        pass
+
+
+# -- buckets and distributed helpers -----------------------------------------------------------
+def test_plan_buckets_reverse_layer_order_and_cap():
+    counts = [100, 10, 300, 30, 50]            # elements
+    ready = [1, 1, 3, 3, 5]
+    assert plan_buckets(counts, ready, 0) == [[4], [2], [3], [0], [1]]
+    assert plan_buckets(counts, ready, 4 * 380) == [[4, 2, 3], [0, 1]]
+    assert plan_buckets(counts, ready, 4 * 10) == [[4], [2], [3], [0], [1]]   # oversize alone
+    assert plan_buckets(counts, ready, 1 << 30) == [[4, 2, 3, 0, 1]]
+
+
+def test_rank_seed_and_record_dealing():
+    assert distributed.rank_seed(1701, 3) == 1704
+    assert distributed.rank_seed(-1, 3) == -1
+    assert list(distributed.record_indices(10, 1, 4)) == [1, 5, 9]
+    data = types.SimpleNamespace(solver_count=1, solver_rank=0)
+    conv = types.SimpleNamespace()
+    net = types.SimpleNamespace(layer_names=["data", "conv"], layers=[data, conv])
+    assert distributed.deal_records(net, 2, 3) == ["data"]
+    assert (data.solver_count, data.solver_rank) == (3, 2)
+
+
+def test_config_check_single_process_passes():
+    from caffe_engine.proto import caffe_pb2
+    comm = LocalCommunicator()
+    distributed.check_same_config(comm, net=caffe_pb2.NetParameter(name="x"), text="abc")
+    a = distributed.message_digest(caffe_pb2.NetParameter(name="x"))
+    assert a == distributed.message_digest(caffe_pb2.NetParameter(name="x"))
+    assert a != distributed.message_digest(caffe_pb2.NetParameter(name="y"))
+
+
+# -- cost model --------------------------------------------------------------------------------
+def synthetic_rows(alpha, beta):
+    rows = []
+    for alg in cost_model.ALGORITHMS:
+        for p in (2, 4, 8):
+            for n in (4096, 1 << 20, 32 << 20):
+                a_, b_ = cost_model.shape_terms(alg, p)
+                rows.append({"algorithm": alg, "procs": p, "bytes": n,
+                             "seconds": alpha[alg] * a_ + beta[alg] * n * b_})
+    return rows
+
+
+def test_fit_recovers_alpha_beta_and_round_trips(tmp_path):
+    alpha = {"tree": 2e-5, "ring": 1e-5, "ps": 3e-5, "mpi": 5e-6}
+    beta = {"tree": 1e-9, "ring": 2e-9, "ps": 1.5e-9, "mpi": 3e-10}
+    model = cost_model.AlphaBetaModel.fit(synthetic_rows(alpha, beta))
+    for alg in alpha:
+        assert model.params[alg]["alpha"] == pytest.approx(alpha[alg], rel=1e-6)
+        assert model.params[alg]["beta"] == pytest.approx(beta[alg], rel=1e-6)
+    path = tmp_path / "model.json"
+    model.save(path)
+    again = cost_model.AlphaBetaModel.load(path)
+    assert again.predict("tree", 1 << 20, 16) == pytest.approx(model.predict("tree", 1 << 20, 16))
+    assert model.predict("ps", 123, 1) == 0.0
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": synthetic_rows(alpha, beta)}))
+    assert cost_model.fit_alpha_beta(results).params["ring"]["beta"] == pytest.approx(2e-9)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(CaffeError, match="cannot read"):
+        cost_model.AlphaBetaModel.load(tmp_path / "bad.json")
+
+
+def test_fit_never_gives_negative_parameters():
+    rows = [{"algorithm": "tree", "procs": p, "bytes": n, "seconds": 1e-3 + 1e-12 * n}
+            for p in (2, 4) for n in (1, 1 << 20)]
+    rows.append({"algorithm": "tree", "procs": 8, "bytes": 1, "seconds": 1e-4})
+    m = cost_model.AlphaBetaModel.fit(rows)
+    assert m.params["tree"]["alpha"] >= 0 and m.params["tree"]["beta"] >= 0
+
+
+def test_tree_grows_with_log_p_and_ps_with_p():
+    m = cost_model.AlphaBetaModel({"tree": {"alpha": 0, "beta": 1e-9},
+                                   "ps": {"alpha": 0, "beta": 1e-9}})
+    n = 30 << 20
+    assert m.predict("tree", n, 128) / m.predict("tree", n, 2) == pytest.approx(7)
+    assert m.predict("ps", n, 128) / m.predict("ps", n, 2) == pytest.approx(127)
+    assert cost_model.firecaffe_comm_time("tree", 1e6, 128, 1e9) == pytest.approx(2e-3 * 7)
+    assert cost_model.firecaffe_comm_time("ps", 1e6, 128, 1e9) == pytest.approx(0.128)
+
+
+def test_iteration_time_overlap_hides_communication():
+    layers = {"conv1": (0.01, 0.02), "conv2": (0.01, 0.02), "fc": (0.01, 0.02)}
+    grads = {"conv1": 4e6, "conv2": 4e6, "fc": 4e6}
+    comm = lambda n: n * 1e-9                                        # 4 ms per layer
+    plain = cost_model.iteration_time(layers, grads, comm, overlap=False)
+    over = cost_model.iteration_time(layers, grads, comm, overlap=True, bucket_mb=0)
+    assert plain["total"] == pytest.approx(0.03 + 0.06 + 0.012)
+    # fc's and conv2's buckets hide behind conv2's and conv1's backward; conv1's is exposed.
+    assert over["total"] == pytest.approx(0.03 + 0.06 + 0.004)
+    assert over["exposed"] == pytest.approx(0.004)
+    s = cost_model.predict_speedup(layers, grads, lambda n, p: comm(n) * (p > 1), [1, 4])
+    assert s[1] == pytest.approx(1.0) and s[4] == pytest.approx(4 * 0.09 / 0.102)
+    layers, grads = cost_model.uniform_layers(0.3, 30e6, num_layers=10)
+    assert sum(grads.values()) == pytest.approx(30e6)
+    assert sum(f + b for f, b in layers.values()) == pytest.approx(0.3)
