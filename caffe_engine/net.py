@@ -218,6 +218,7 @@ class Net:
         #: Callables ``hook(layer_index)`` run after each layer's backward (in backward order):
         #: the data-parallel gradient buckets launch their allreduce from here.
         self.backward_hooks = []
+        self.before_backward_hooks = []
 
         for layer_id, lp_in in enumerate(param.layer):
             lp = caffe_pb2.LayerParameter()
@@ -411,6 +412,8 @@ class Net:
         """Run backward from layer index ``start`` (default last) down to ``end`` (inclusive)."""
         start = len(self.layers) - 1 if start is None else start
         for i in range(start, end - 1, -1):
+            for hook in self.before_backward_hooks:
+                hook(i)
             if self.layer_need_backward[i]:
                 self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
             for hook in self.backward_hooks:
@@ -448,6 +451,15 @@ class Net:
         lo = 0 if end is None else self._layer_index_of(end)
         self.backward_from_to(hi, lo)
         return {n: self.blobs[n].diff for n in list(self.inputs) + list(diffs or [])}
+
+    def add_before_backward(self, callback):
+        """Run ``callback(layer_index)`` before each layer's backward (Caffe's add_before_backward)."""
+        self.before_backward_hooks.append(callback)
+
+    def add_after_backward(self, callback):
+        """Run ``callback(layer_index)`` after each layer's backward, whether or not that layer
+        needed one (Caffe's add_after_backward); gradient buckets launch their allreduce here."""
+        self.backward_hooks.append(callback)
 
     def forward_backward(self):
         """One forward and one backward pass; returns the float32 loss."""
