@@ -1,14 +1,18 @@
-"""Vision layers: Convolution and Pooling, and the im2col/col2im helpers they share.
+"""Vision layers: Convolution, Deconvolution, Im2col, Pooling and SPP, and the im2col/col2im
+helpers they share.
 
-Caffe: src/caffe/layers/base_conv_layer.cpp, conv_layer.cpp, pooling_layer.cpp,
-src/caffe/util/im2col.cpp.
+Caffe: src/caffe/layers/base_conv_layer.cpp, conv_layer.cpp, deconv_layer.cpp,
+im2col_layer.cpp, pooling_layer.cpp, spp_layer.cpp, src/caffe/util/im2col.cpp.
 
-Both layers work on a whole batch at once; there is no Python loop over images or pixels.
+Every layer works on a whole batch at once; there is no Python loop over images or pixels.
 
 * Convolution lays the batch out as one column matrix ``(C * prod(kernel), N * prod(out))`` with a
   single strided copy (:func:`im2col`) and runs one GEMM per group. Caffe does the same per image;
   the sums are the same, only BLAS's summation order differs. Large batches are cut into a few
   chunks so that the column buffer stays under ``COL_BUFFER_LIMIT`` floats.
+* Deconvolution runs the same pieces the other way round (W^T GEMM then col2im forward; im2col of
+  the top diff in backward); Im2col exposes the column buffer itself as its top.
+* SPP runs one Pooling layer per pyramid level and concatenates the flattened results.
 * Pooling loops over the ``kh * kw`` kernel offsets; each step is one array operation over every
   window at once. MAX gives exactly the value and argmax index of Caffe's row-major scan with its
   strict ``>`` from ``-FLT_MAX`` (first maximum wins, NaN never wins); AVE adds in Caffe's order.
@@ -139,35 +143,36 @@ def _spatial_values(layer, param, name, default, num_axes):
 
 
 # ------------------------------------------------------------------------------------------------
-# Convolution
+# Convolution, Deconvolution
 # ------------------------------------------------------------------------------------------------
-@register("Convolution")
-class ConvolutionLayer(Layer):
-    """N-D convolution with groups, padding, stride and dilation (Caffe's im2col + GEMM).
+def deconv_output_shape(in_shape, kernel, stride, pad, dilation):
+    """Caffe's deconvolution output size per spatial axis: ``s (S - 1) + d (k - 1) + 1 - 2p``."""
+    return tuple(st * (s - 1) + d * (k - 1) + 1 - 2 * p
+                 for s, k, st, p, d in zip(in_shape, kernel, stride, pad, dilation))
 
-    Shapes: bottom (N, C, *S) (leading axes before ``axis`` are all batch axes), top
-    (N, num_output, *out) with ``out = (S + 2 pad - (dilation (kernel - 1) + 1)) // stride + 1``.
-    Several bottoms (all of one shape) give as many tops, sharing the weights. float32 throughout.
 
-    Params: ``blobs[0]`` weights (num_output, C / group, *kernel), ``blobs[1]`` bias
-    (num_output,) when ``bias_term``; filled with ``weight_filler`` then ``bias_filler``.
+class _ConvolutionBase(Layer):
+    """What Convolution and Deconvolution share (Caffe's BaseConvolutionLayer).
+
+    Both are described in terms of the *convolution* they are built on: it maps an image side
+    (``conv_in_channels``, ``conv_in_spatial``) to a column side (``conv_out_channels``,
+    ``conv_out_spatial``) through weights (conv_out_channels, conv_in_channels / group, *kernel).
+    Convolution runs it forward (bottom = image side, top = column side); Deconvolution
+    (``reverse``) runs it backward (bottom = column side, top = image side), exactly as Caffe's
+    DeconvolutionLayer calls ``backward_cpu_gemm`` in its forward pass and ``forward_cpu_gemm``
+    and ``weight_cpu_gemm`` on the top diff in its backward pass.
 
     Fields read (convolution_param): num_output (required, > 0), bias_term (true),
     kernel_size / kernel_h + kernel_w (required), stride / stride_h + stride_w (1),
     pad / pad_h + pad_w (0), dilation (1), group (1), axis (1), weight_filler, bias_filler
     (constant 0). ``engine`` and ``force_nd_im2col`` are accepted and ignored.
-
-    Raises:
-        CaffeError: missing or inconsistent kernel/stride/pad/dilation fields, non-positive
-            num_output/kernel/stride, channels or num_output not divisible by group, changed
-            input channels or axis count, bottoms of different shapes, an output size < 1.
-
-    Caffe: src/caffe/layers/base_conv_layer.cpp, src/caffe/layers/conv_layer.cpp.
     """
 
     min_bottom = 1
     min_top = 1
     equal_num_bottom_top = True
+    #: Deconvolution: forward is the convolution's backward-data pass, and vice versa.
+    reverse = False
 
     def layer_setup(self, bottom, top):
         p = self.param.convolution_param
@@ -199,8 +204,13 @@ class ConvolutionLayer(Layer):
         if self.num_output % self.group:
             raise self.error(f"num_output ({self.num_output}) should be a multiple of group "
                              f"({self.group})")
+        if self.reverse:
+            self.conv_in_channels, self.conv_out_channels = self.num_output, self.channels
+        else:
+            self.conv_in_channels, self.conv_out_channels = self.channels, self.num_output
         self.bias_term = p.bias_term
-        weight_shape = (self.num_output, self.channels // self.group) + self.kernel
+        weight_shape = ((self.conv_out_channels, self.conv_in_channels // self.group)
+                        + self.kernel)
         if not self.blobs:
             self.blobs = [Blob(weight_shape)]
             fillers.fill(self.blobs[0], p.weight_filler)
@@ -222,78 +232,142 @@ class ConvolutionLayer(Layer):
                 raise self.error(f"all inputs must have the same shape ({b.shape} vs {shape})")
         self.num = bottom[0].count_range(0, axis)
         self.in_spatial = shape[axis + 1:]
-        self.out_spatial = conv_output_shape(self.in_spatial, self.kernel, self.stride,
-                                             self.pad, self.dilation)
+        geometry = deconv_output_shape if self.reverse else conv_output_shape
+        self.out_spatial = geometry(self.in_spatial, self.kernel, self.stride, self.pad,
+                                    self.dilation)
         if min(self.out_spatial) < 1:
-            raise self.error(f"kernel extent exceeds the padded input: input {self.in_spatial}, "
-                             f"kernel {self.kernel}, pad {self.pad}, dilation {self.dilation}")
+            raise self.error(f"output size {self.out_spatial} < 1: input {self.in_spatial}, "
+                             f"kernel {self.kernel}, stride {self.stride}, pad {self.pad}, "
+                             f"dilation {self.dilation}")
         top_shape = shape[:axis] + (self.num_output,) + self.out_spatial
         for t in top:
             t.reshape(top_shape)
+        if self.reverse:
+            self.conv_in_spatial, self.conv_out_spatial = self.out_spatial, self.in_spatial
+        else:
+            self.conv_in_spatial, self.conv_out_spatial = self.in_spatial, self.out_spatial
         self.padded = any(self.pad)
-        self.padded_spatial = tuple(s + 2 * p for s, p in zip(self.in_spatial, self.pad))
-        self.out_count = int(numpy.prod(self.out_spatial))
-        self.kernel_dim = (self.channels // self.group) * int(numpy.prod(self.kernel))
+        self.padded_spatial = tuple(s + 2 * p for s, p in zip(self.conv_in_spatial, self.pad))
+        self.out_count = int(numpy.prod(self.conv_out_spatial))
+        self.kernel_dim = (self.conv_in_channels // self.group) * int(numpy.prod(self.kernel))
         col_per_image = self.kernel_dim * self.group * self.out_count
         self.chunk = max(1, min(self.num, COL_BUFFER_LIMIT // max(col_per_image, 1)))
         xp = get_array_module(bottom[0].data)
         workspace.reserve(xp, "col", col_per_image * self.chunk)
-        workspace.reserve(xp, "gemm", self.num_output * self.out_count * self.chunk)
+        workspace.reserve(xp, "gemm", self.conv_out_channels * self.out_count * self.chunk)
         if self.padded:
-            workspace.reserve(xp, "pad", self.chunk * self.channels
+            workspace.reserve(xp, "pad", self.chunk * self.conv_in_channels
                               * int(numpy.prod(self.padded_spatial)))
 
-    # -- helpers -----------------------------------------------------------------------------
+    # -- the convolution's pieces, on a chunk of n images ------------------------------------
     def _chunks(self):
         for n0 in range(0, self.num, self.chunk):
             yield n0, min(self.num, n0 + self.chunk)
 
     def _columns(self, xp, x):
-        """im2col of a chunk ``x`` (n, C, *S) into the workspace; returns (group, K_g, n * P)."""
+        """im2col of an image-side chunk ``x`` (n, C_in, *S_in) into the workspace.
+
+        Returns the columns as (group, kernel_dim, n * P), P = prod(conv_out_spatial).
+        """
         n = x.shape[0]
         if self.padded:
-            xpad = workspace.get(xp, "pad", (n, self.channels) + self.padded_spatial)
+            xpad = workspace.get(xp, "pad", (n, self.conv_in_channels) + self.padded_spatial)
             xpad.fill(0)
-            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.in_spatial))
+            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.conv_in_spatial))
             xpad[(slice(None), slice(None)) + inner] = x
             x = xpad
-        col = workspace.get(xp, "col", (self.channels,) + self.kernel + (n,) + self.out_spatial)
-        im2col(x, self.kernel, self.stride, self.dilation, self.out_spatial, col)
+        col = workspace.get(xp, "col", (self.conv_in_channels,) + self.kernel + (n,)
+                            + self.conv_out_spatial)
+        im2col(x, self.kernel, self.stride, self.dilation, self.conv_out_spatial, col)
         return col.reshape(self.group, self.kernel_dim, n * self.out_count)
+
+    def _image(self, xp, dcol, x):
+        """col2im of columns ``dcol`` (group, kernel_dim, n * P) into ``x`` (n, C_in, *S_in).
+
+        ``x`` is overwritten. Each image position sums its columns in kernel-offset order, as
+        Caffe's col2im does.
+        """
+        n = x.shape[0]
+        dcol = dcol.reshape((self.conv_in_channels,) + self.kernel + (n,) + self.conv_out_spatial)
+        if self.padded:
+            xpad = workspace.get(xp, "pad", (n, self.conv_in_channels) + self.padded_spatial)
+            xpad.fill(0)
+            col2im(dcol, self.kernel, self.stride, self.dilation, self.conv_out_spatial, xpad)
+            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.conv_in_spatial))
+            x[...] = xpad[(slice(None), slice(None)) + inner]
+        else:
+            x[...] = 0
+            col2im(dcol, self.kernel, self.stride, self.dilation, self.conv_out_spatial, x)
+
+    def _grouped(self, xp, y):
+        """A column-side chunk ``y`` (n, C_out, P) regrouped as (group, C_out / group, n * P)."""
+        n = y.shape[0]
+        m, p = self.conv_out_channels, self.out_count
+        yt = workspace.get(xp, "gemm", (m, n, p))
+        yt[...] = y.transpose(1, 0, 2)
+        return yt.reshape(self.group, m // self.group, n * p)
+
+    def _apply_weights(self, xp, col, y, bias=None):
+        """``y`` (n, C_out, P) = W @ columns ``col`` (+ ``bias`` (C_out, 1)): the conv GEMM."""
+        n = y.shape[0]
+        g, m, p = self.group, self.conv_out_channels, self.out_count
+        out = workspace.get(xp, "gemm", (g, m // g, n * p))
+        xp.matmul(self._weights(), col, out=out)
+        out = out.reshape(m, n, p).transpose(1, 0, 2)
+        if bias is not None:
+            xp.add(out, bias, out=y)
+        else:
+            y[...] = out
 
     def _weights(self):
         g = self.group
-        return self.blobs[0].data.reshape(g, self.num_output // g, self.kernel_dim)
+        return self.blobs[0].data.reshape(g, self.conv_out_channels // g, self.kernel_dim)
 
-    # -- forward / backward ------------------------------------------------------------------
+    def _param_flags(self):
+        ppd = getattr(self, "param_propagate_down", [True] * len(self.blobs))
+        return ppd[0], self.bias_term and ppd[1]
+
+
+@register("Convolution")
+class ConvolutionLayer(_ConvolutionBase):
+    """N-D convolution with groups, padding, stride and dilation (Caffe's im2col + GEMM).
+
+    Shapes: bottom (N, C, *S) (leading axes before ``axis`` are all batch axes), top
+    (N, num_output, *out) with ``out = (S + 2 pad - (dilation (kernel - 1) + 1)) // stride + 1``.
+    Several bottoms (all of one shape) give as many tops, sharing the weights. float32 throughout.
+
+    Params: ``blobs[0]`` weights (num_output, C / group, *kernel), ``blobs[1]`` bias
+    (num_output,) when ``bias_term``; filled with ``weight_filler`` then ``bias_filler``.
+
+    Fields read (convolution_param): num_output (required, > 0), bias_term (true),
+    kernel_size / kernel_h + kernel_w (required), stride / stride_h + stride_w (1),
+    pad / pad_h + pad_w (0), dilation (1), group (1), axis (1), weight_filler, bias_filler
+    (constant 0). ``engine`` and ``force_nd_im2col`` are accepted and ignored.
+
+    Raises:
+        CaffeError: missing or inconsistent kernel/stride/pad/dilation fields, non-positive
+            num_output/kernel/stride, channels or num_output not divisible by group, changed
+            input channels or axis count, bottoms of different shapes, an output size < 1.
+
+    Caffe: src/caffe/layers/base_conv_layer.cpp, src/caffe/layers/conv_layer.cpp.
+    """
+
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
-        g, m, p = self.group, self.num_output, self.out_count
-        w = self._weights()
         bias = self.blobs[1].data[:, None] if self.bias_term else None
         for b, t in zip(bottom, top):
             x = b.data.reshape((self.num, self.channels) + self.in_spatial)
-            y = t.data.reshape(self.num, m, p)
+            y = t.data.reshape(self.num, self.num_output, self.out_count)
             for n0, n1 in self._chunks():
-                n = n1 - n0
-                col = self._columns(xp, x[n0:n1])
-                out = workspace.get(xp, "gemm", (g, m // g, n * p))
-                xp.matmul(w, col, out=out)
-                out = out.reshape(m, n, p).transpose(1, 0, 2)
-                if bias is not None:
-                    xp.add(out, bias, out=y[n0:n1])
-                else:
-                    y[n0:n1] = out
+                self._apply_weights(xp, self._columns(xp, x[n0:n1]), y[n0:n1], bias)
 
     def backward(self, top, propagate_down, bottom):
         xp = get_array_module(top[0].diff)
-        g, m, p = self.group, self.num_output, self.out_count
-        ppd = getattr(self, "param_propagate_down", [True] * len(self.blobs))
-        do_w, do_b = ppd[0], self.bias_term and ppd[1]
+        do_w, do_b = self._param_flags()
         w = self._weights()
         w_diff = self.blobs[0].diff.reshape(w.shape)
         for i, (b, t) in enumerate(zip(bottom, top)):
-            dy = t.diff.reshape(self.num, m, p)
+            dy = t.diff.reshape(self.num, self.num_output, self.out_count)
             if do_b:
                 self.blobs[1].diff += dy.sum(axis=(0, 2))
             if not (do_w or propagate_down[i]):
@@ -302,28 +376,183 @@ class ConvolutionLayer(Layer):
             dx = b.diff.reshape((self.num, self.channels) + self.in_spatial)
             for n0, n1 in self._chunks():
                 n = n1 - n0
-                dyt = workspace.get(xp, "gemm", (m, n, p))
-                dyt[...] = dy[n0:n1].transpose(1, 0, 2)
-                dyt = dyt.reshape(g, m // g, n * p)
+                dyt = self._grouped(xp, dy[n0:n1])
                 if do_w:
-                    col = self._columns(xp, x[n0:n1])
-                    w_diff += xp.matmul(dyt, col.transpose(0, 2, 1))
+                    w_diff += xp.matmul(dyt, self._columns(xp, x[n0:n1]).transpose(0, 2, 1))
                 if propagate_down[i]:
-                    dcol = workspace.get(xp, "col", (g, self.kernel_dim, n * p))
+                    dcol = workspace.get(xp, "col", (self.group, self.kernel_dim,
+                                                     n * self.out_count))
                     xp.matmul(w.transpose(0, 2, 1), dyt, out=dcol)
-                    dcol = dcol.reshape((self.channels,) + self.kernel + (n,) + self.out_spatial)
-                    if self.padded:
-                        dpad = workspace.get(xp, "pad", (n, self.channels) + self.padded_spatial)
-                        dpad.fill(0)
-                        col2im(dcol, self.kernel, self.stride, self.dilation, self.out_spatial,
-                               dpad)
-                        inner = tuple(slice(q, q + s) for q, s in zip(self.pad, self.in_spatial))
-                        dx[n0:n1] = dpad[(slice(None), slice(None)) + inner]
-                    else:
-                        dx[n0:n1] = 0
-                        col2im(dcol, self.kernel, self.stride, self.dilation, self.out_spatial,
-                               dx[n0:n1])
+                    self._image(xp, dcol, dx[n0:n1])
 
+
+@register("Deconvolution")
+class DeconvolutionLayer(_ConvolutionBase):
+    """Transposed convolution: the adjoint of Convolution with the same parameters.
+
+    Shapes: bottom (N, C, *S), top (N, num_output, *out) with
+    ``out = stride (S - 1) + dilation (kernel - 1) + 1 - 2 pad``. Several bottoms (one shape)
+    give as many tops, sharing the weights. float32 throughout.
+
+    Forward scatters every input pixel through the kernel (W^T @ x, then col2im, then the
+    bias); backward takes the im2col of the top diff: ``dW += x @ col(dy)^T`` and
+    ``dx = W @ col(dy)``, as Caffe's deconv_layer.cpp.
+
+    Params: ``blobs[0]`` weights (C, num_output / group, *kernel) (Caffe's layout: the input
+    channels first), ``blobs[1]`` bias (num_output,) when ``bias_term``; filled with
+    ``weight_filler`` (e.g. ``bilinear`` for upsampling) then ``bias_filler``.
+
+    Fields read (convolution_param): as Convolution: num_output (required, > 0), bias_term
+    (true), kernel_size / kernel_h + kernel_w (required), stride / stride_h + stride_w (1),
+    pad / pad_h + pad_w (0), dilation (1), group (1), axis (1), weight_filler, bias_filler
+    (constant 0); ``engine`` and ``force_nd_im2col`` are ignored.
+
+    Raises:
+        CaffeError: as Convolution (output size < 1 when ``2 pad`` eats the whole output).
+
+    Caffe: src/caffe/layers/base_conv_layer.cpp, src/caffe/layers/deconv_layer.cpp.
+    """
+
+    reverse = True
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        bias_shape = (1, self.num_output) + (1,) * self.num_spatial
+        for b, t in zip(bottom, top):
+            x = b.data.reshape(self.num, self.channels, self.out_count)
+            y = t.data.reshape((self.num, self.num_output) + self.out_spatial)
+            for n0, n1 in self._chunks():
+                n = n1 - n0
+                xt = self._grouped(xp, x[n0:n1])
+                dcol = workspace.get(xp, "col", (self.group, self.kernel_dim, n * self.out_count))
+                xp.matmul(self._weights().transpose(0, 2, 1), xt, out=dcol)
+                self._image(xp, dcol, y[n0:n1])
+            if self.bias_term:
+                y += self.blobs[1].data.reshape(bias_shape)
+
+    def backward(self, top, propagate_down, bottom):
+        xp = get_array_module(top[0].diff)
+        do_w, do_b = self._param_flags()
+        w_diff = self.blobs[0].diff.reshape(self._weights().shape)
+        spatial_axes = tuple(range(2, 2 + self.num_spatial))
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            dy = t.diff.reshape((self.num, self.num_output) + self.out_spatial)
+            if do_b:
+                self.blobs[1].diff += dy.sum(axis=(0,) + spatial_axes)
+            if not (do_w or propagate_down[i]):
+                continue
+            x = b.data.reshape(self.num, self.channels, self.out_count)
+            dx = b.diff.reshape(self.num, self.channels, self.out_count)
+            for n0, n1 in self._chunks():
+                col = self._columns(xp, dy[n0:n1])
+                if do_w:
+                    w_diff += xp.matmul(self._grouped(xp, x[n0:n1]), col.transpose(0, 2, 1))
+                if propagate_down[i]:
+                    self._apply_weights(xp, col, dx[n0:n1])
+
+
+# ------------------------------------------------------------------------------------------------
+# Im2col
+# ------------------------------------------------------------------------------------------------
+@register("Im2col")
+class Im2colLayer(Layer):
+    """Caffe's im2col as a layer: every receptive field of the input becomes a column.
+
+    Shapes: bottom (N, C, *S) (axes before ``axis`` are batch axes), top
+    (N, C * prod(kernel), *out) with Convolution's ``out``. Channel ``(c, k...)`` of the top
+    (channel-major: ``c * prod(kernel) + k_h * kernel_w + k_w`` in 2-D) at position ``o`` holds
+    ``x[c, o * stride - pad + k * dilation]``, 0 in the padding. Backward adds every column back
+    onto the input (col2im). float32.
+
+    Fields read (convolution_param): kernel_size / kernel_h + kernel_w (required),
+    stride / stride_h + stride_w (1), pad / pad_h + pad_w (0), dilation (1), axis (1).
+    ``num_output`` and the rest are ignored.
+
+    Raises:
+        CaffeError: missing or inconsistent kernel/stride/pad/dilation fields, non-positive
+            kernel/stride, no spatial axis, a changed axis count, an output size < 1.
+
+    Caffe: src/caffe/layers/im2col_layer.cpp.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.convolution_param
+        self.channel_axis = bottom[0].canonical_axis(p.axis)
+        self.num_spatial = bottom[0].num_axes - self.channel_axis - 1
+        if self.num_spatial < 1:
+            raise self.error(f"needs at least one spatial axis after axis {self.channel_axis}, "
+                             f"got a bottom of shape {bottom[0].shape}")
+        d = self.num_spatial
+        self.kernel = _spatial_values(self, p, "kernel_size", None, d)
+        self.stride = _spatial_values(self, p, "stride", 1, d)
+        self.pad = _spatial_values(self, p, "pad", 0, d)
+        self.dilation = _spatial_values(self, p, "dilation", 1, d)
+        if min(self.kernel) <= 0:
+            raise self.error(f"filter dimensions must be nonzero, got kernel {self.kernel}")
+        if min(self.stride) <= 0:
+            raise self.error(f"stride dimensions must be nonzero, got stride {self.stride}")
+        if min(self.pad) < 0 or min(self.dilation) <= 0:
+            raise self.error(f"pad must be >= 0 and dilation > 0, got pad {self.pad}, "
+                             f"dilation {self.dilation}")
+
+    def reshape(self, bottom, top):
+        axis = self.channel_axis
+        shape = bottom[0].shape
+        if len(shape) != axis + 1 + self.num_spatial:
+            raise self.error(f"bottom num_axes may not change (got shape {shape})")
+        self.num = bottom[0].count_range(0, axis)
+        self.channels = shape[axis]
+        self.in_spatial = shape[axis + 1:]
+        self.out_spatial = conv_output_shape(self.in_spatial, self.kernel, self.stride, self.pad,
+                                             self.dilation)
+        if min(self.out_spatial) < 1:
+            raise self.error(f"kernel extent exceeds the padded input: input {self.in_spatial}, "
+                             f"kernel {self.kernel}, pad {self.pad}, dilation {self.dilation}")
+        top[0].reshape(shape[:axis] + (self.channels * int(numpy.prod(self.kernel)),)
+                       + self.out_spatial)
+        self.padded = any(self.pad)
+        self.padded_spatial = tuple(s + 2 * p for s, p in zip(self.in_spatial, self.pad))
+        if self.padded:
+            workspace.reserve(get_array_module(bottom[0].data), "pad",
+                              self.num * self.channels * int(numpy.prod(self.padded_spatial)))
+
+    def _column_view(self, array):
+        """The top array seen in im2col's layout (C, *kernel, N, *out) (a strided view)."""
+        d = self.num_spatial
+        view = array.reshape((self.num, self.channels) + self.kernel + self.out_spatial)
+        return view.transpose((1,) + tuple(range(2, 2 + d)) + (0,)
+                              + tuple(range(2 + d, 2 + 2 * d)))
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        x = bottom[0].data.reshape((self.num, self.channels) + self.in_spatial)
+        if self.padded:
+            xpad = workspace.get(xp, "pad", (self.num, self.channels) + self.padded_spatial)
+            xpad.fill(0)
+            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.in_spatial))
+            xpad[(slice(None), slice(None)) + inner] = x
+            x = xpad
+        im2col(x, self.kernel, self.stride, self.dilation, self.out_spatial,
+               self._column_view(top[0].data))
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(top[0].diff)
+        dx = bottom[0].diff.reshape((self.num, self.channels) + self.in_spatial)
+        dcol = self._column_view(top[0].diff)
+        if self.padded:
+            dpad = workspace.get(xp, "pad", (self.num, self.channels) + self.padded_spatial)
+            dpad.fill(0)
+            col2im(dcol, self.kernel, self.stride, self.dilation, self.out_spatial, dpad)
+            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.in_spatial))
+            dx[...] = dpad[(slice(None), slice(None)) + inner]
+        else:
+            dx[...] = 0
+            col2im(dcol, self.kernel, self.stride, self.dilation, self.out_spatial, dx)
 
 # ------------------------------------------------------------------------------------------------
 # Pooling
@@ -561,3 +790,113 @@ class PoolingLayer(Layer):
             dx.fill(0)
             for out_sl, in_sl, _ in self.offsets:
                 dx[in_sl] += g[out_sl]
+
+
+# ------------------------------------------------------------------------------------------------
+# SPP
+# ------------------------------------------------------------------------------------------------
+def spp_pooling_param(level, height, width, pool):
+    """Caffe's SPPLayer::GetPoolingParam: the pooling of pyramid level ``level``.
+
+    ``2**level`` bins per axis: kernel ``ceil(size / bins)``, stride = kernel, and pad
+    ``(kernel * bins - size + 1) // 2``, so that the windows cover the whole plane.
+
+    Returns:
+        caffe_pb2.PoolingParameter with kernel_h/w, stride_h/w, pad_h/w and ``pool``.
+    """
+    bins = 2 ** level
+    p = caffe_pb2.PoolingParameter(pool=pool)
+    kh, kw = -(-height // bins), -(-width // bins)
+    p.kernel_h, p.kernel_w = kh, kw
+    p.stride_h, p.stride_w = kh, kw
+    p.pad_h, p.pad_w = (kh * bins - height + 1) // 2, (kw * bins - width + 1) // 2
+    return p
+
+
+@register("SPP")
+class SPPLayer(Layer):
+    """Spatial pyramid pooling: pool at ``pyramid_height`` levels, flatten and concatenate.
+
+    Level ``l`` pools each (H, W) plane into about ``2**l x 2**l`` bins with the Pooling layer's
+    own numerics (see :func:`spp_pooling_param`). Shapes: bottom (N, C, H, W); top (N, sum over
+    levels of C * PH_l * PW_l), the levels in order 0, 1, ...; with ``pyramid_height: 1`` the
+    top is the single pooling's (N, C, PH, PW), as in Caffe. float32. Backward sums the levels'
+    diffs in level order, as Caffe's internal Split does.
+
+    Fields read (spp_param): pyramid_height (required in practice; 0 levels is an error),
+    pool (MAX; AVE; STOCHASTIC raises at forward, as Pooling).
+
+    Raises:
+        CaffeError: a bottom that is not 4-D or has an empty plane, pyramid_height < 1, and any
+            level whose pooling Caffe refuses (a pad not smaller than the kernel, when a plane is
+            too small for 2**l bins).
+
+    Caffe: src/caffe/layers/spp_layer.cpp.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.spp_param
+        self.pyramid_height = p.pyramid_height
+        if self.pyramid_height < 1:
+            raise self.error(f"pyramid_height must be >= 1, got {self.pyramid_height}")
+        self.pool = p.pool
+        self._reshaped_for = None
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width), "
+                             f"got shape {shape}")
+        n, c, h, w = shape
+        if h <= 0 or w <= 0:
+            raise self.error(f"input dimensions cannot be zero, got shape {shape}")
+        xp = get_array_module(bottom[0].data)
+        if (shape, xp.__name__) != self._reshaped_for:
+            # Caffe rebuilds its pooling layers whenever the bottom shape changes.
+            self.levels = []
+            for level in range(self.pyramid_height):
+                lp = caffe_pb2.LayerParameter(name=f"{self.name}_level{level}", type="Pooling")
+                lp.pooling_param.CopyFrom(spp_pooling_param(level, h, w, self.pool))
+                pool = PoolingLayer(lp, self.phase)
+                out = Blob((), xp=xp)
+                pool.setup(bottom, [out])
+                self.levels.append((pool, out))
+            self.split = Blob(shape, xp=xp)    # the input again, with a diff of its own
+            self._reshaped_for = (shape, xp.__name__)
+        for pool, out in self.levels:
+            pool.reshape(bottom, [out])
+        if self.pyramid_height == 1:
+            top[0].reshape(self.levels[0][1].shape)
+        else:
+            self.widths = [out.count_range(1) for _, out in self.levels]
+            top[0].reshape((n, sum(self.widths)))
+
+    def forward(self, bottom, top):
+        if self.pyramid_height == 1:
+            self.levels[0][0].forward(bottom, top)
+            return
+        offset = 0
+        for (pool, out), width in zip(self.levels, self.widths):
+            pool.forward(bottom, [out])
+            top[0].data[:, offset:offset + width] = out.data.reshape(out.shape[0], width)
+            offset += width
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if self.pyramid_height == 1:
+            self.levels[0][0].backward(top, propagate_down, bottom)
+            return
+        split = self.split
+        split.data = bottom[0].data
+        offset = 0
+        for level, ((pool, out), width) in enumerate(zip(self.levels, self.widths)):
+            out.diff[...] = top[0].diff[:, offset:offset + width].reshape(out.shape)
+            offset += width
+            # Level 0 writes the bottom diff; each further level is added on, in level order.
+            pool.backward([out], [True], [bottom[0] if level == 0 else split])
+            if level:
+                bottom[0].diff += split.diff
