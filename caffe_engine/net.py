@@ -14,6 +14,8 @@ Caffe: src/caffe/net.cpp, src/caffe/util/insert_splits.cpp. The build is Caffe's
 Blob data are float32 arrays of the current array module (see ``backend``).
 """
 import collections
+import itertools
+import os
 
 import numpy
 
@@ -159,6 +161,8 @@ class Net:
         layers: list of Layer objects; ``layer_names`` their names.
         inputs / outputs: names of the net's input blobs (Input layers' tops) and output blobs
             (tops nobody consumes).
+        blob_loss_weights, top_names, bottom_names, layer_dict: pycaffe's OrderedDicts (see
+            the pycaffe surface section); ``_blob_loss_weights`` is the list by blob index.
 
     Raises:
         CaffeError: unreadable file, unknown layer type or bottom, bad parameters, weight
@@ -167,7 +171,7 @@ class Net:
 
     def __init__(self, model, phase=None, weights=None, level=0, stages=(), **kwargs):
         # pycaffe also allows Net(model, weights, phase).
-        if isinstance(phase, str) and not isinstance(weights, str):
+        if isinstance(phase, (str, os.PathLike)) and not isinstance(weights, (str, os.PathLike)):
             phase, weights = weights, phase
         phase = kwargs.pop("phase", phase)
         if kwargs:
@@ -208,7 +212,7 @@ class Net:
         self.bottom_ids, self.top_ids = [], []
         self.bottom_need_backward, self.layer_need_backward = [], []
         self.blob_names, self._blob_list, self.blob_need_backward = [], [], []
-        self.blob_loss_weights = []
+        self._blob_loss_weights = []  # per blob id; pycaffe's dict is the property
         self._blob_index = {}
         self.params = collections.OrderedDict()
         self.learnable_params, self.params_lr, self.params_weight_decay = [], [], []
@@ -261,7 +265,7 @@ class Net:
                     self._blob_list.append(Blob(()))
                     self.blob_names.append(name)
                     self.blob_need_backward.append(False)
-                    self.blob_loss_weights.append(0.0)
+                    self._blob_loss_weights.append(0.0)
                     self._blob_index[name] = blob_id
                 tops.append(self._blob_list[blob_id])
                 top_ids.append(blob_id)
@@ -275,22 +279,26 @@ class Net:
             logger.info("Setting up %s", lp.name)
             layer.setup(bottoms, tops)
             for j, blob_id in enumerate(top_ids):
-                self.blob_loss_weights[blob_id] = layer.loss(j)
+                self._blob_loss_weights[blob_id] = layer.loss(j)
                 logger.info("Top shape: %s (%d)", " ".join(str(d) for d in tops[j].shape),
                             tops[j].count)
                 if layer.loss(j):
                     logger.info("    with loss weight %s", g(layer.loss(j)))
                 self.memory_used += tops[j].count
             # Params: lr_mult / decay_mult and sharing by name (Caffe's AppendParam).
-            if len(lp.param) > len(layer.blobs):
+            if len(lp_in.param) > len(layer.blobs):
                 raise CaffeError(f"layer '{lp.name}': too many params specified "
-                                 f"({len(lp.param)} for {len(layer.blobs)} param blobs)")
+                                 f"({len(lp_in.param)} for {len(layer.blobs)} param blobs)")
+            # As in Caffe, whether a param needs backward is read from the net's own copy of
+            # the layer parameters, while lr/decay bookkeeping reads the layer's copy after
+            # setup (BatchNorm adds lr_mult: 0 specs for its statistics in setup).
             layer.param_propagate_down = []
             for k in range(len(layer.blobs)):
-                spec = lp.param[k] if k < len(lp.param) else caffe_pb2.ParamSpec()
-                need = spec.lr_mult != 0
+                net_spec = lp_in.param[k] if k < len(lp_in.param) else caffe_pb2.ParamSpec()
+                need = net_spec.lr_mult != 0
                 need_backward |= need
                 layer.param_propagate_down.append(need)
+                spec = lp.param[k] if k < len(lp.param) else caffe_pb2.ParamSpec()
                 self._append_param(layer_id, k, spec)
             if layer.blobs:
                 self.params[lp.name] = layer.blobs
@@ -423,44 +431,6 @@ class Net:
         """Forward the whole net and return the loss as a float32 scalar (Caffe's Net::Forward)."""
         return self.forward_from_to(0, len(self.layers) - 1)
 
-    def forward(self, blobs=None, start=None, end=None, **inputs):
-        """Forward pass, pycaffe style.
-
-        Args:
-            blobs: extra blob names whose data to return besides the outputs.
-            start, end: layer names to start/stop at (inclusive).
-            **inputs: arrays copied into the named input blobs first (shape must match).
-
-        Returns:
-            dict blob name -> data array, for the net's outputs (or ``end``'s tops) and ``blobs``.
-        """
-        for name, value in inputs.items():
-            if name not in self.blobs:
-                raise CaffeError(f"unknown input blob '{name}'")
-            self.blobs[name].data[...] = value
-        lo, hi = self._layer_range(start, end)
-        self.forward_from_to(lo, hi)
-        names = self.outputs if end is None else [self.blob_names[b] for b in self.top_ids[hi]]
-        return {n: self.blobs[n].data for n in list(names) + list(blobs or [])}
-
-    def backward(self, diffs=None, start=None, end=None, **top_diffs):
-        """Backward pass, pycaffe style: returns dict input name -> diff (plus ``diffs`` blobs)."""
-        for name, value in top_diffs.items():
-            self.blobs[name].diff[...] = value
-        hi = len(self.layers) - 1 if start is None else self._layer_index_of(start)
-        lo = 0 if end is None else self._layer_index_of(end)
-        self.backward_from_to(hi, lo)
-        return {n: self.blobs[n].diff for n in list(self.inputs) + list(diffs or [])}
-
-    def add_before_backward(self, callback):
-        """Run ``callback(layer_index)`` before each layer's backward (Caffe's add_before_backward)."""
-        self.before_backward_hooks.append(callback)
-
-    def add_after_backward(self, callback):
-        """Run ``callback(layer_index)`` after each layer's backward, whether or not that layer
-        needed one (Caffe's add_after_backward); gradient buckets launch their allreduce here."""
-        self.backward_hooks.append(callback)
-
     def forward_backward(self):
         """One forward and one backward pass; returns the float32 loss."""
         loss = self.forward_loss()
@@ -488,6 +458,9 @@ class Net:
                 layer and both shapes.
         """
         from .io.weights import blob_from_proto, proto_shape
+        if not isinstance(source, caffe_pb2.NetParameter) and str(source).endswith(".h5"):
+            self.load_hdf5(source)   # Caffe's CopyTrainedLayersFrom picks HDF5 by the name too
+            return
         if isinstance(source, caffe_pb2.NetParameter):
             param, where = source, "<NetParameter>"
         else:
@@ -546,7 +519,193 @@ class Net:
                                      f"target param shape is {_shape_str(t.shape)}")
                 t.data = s.data
 
-    # -- pycaffe conveniences -----------------------------------------------------------------
+    # -- the pycaffe surface ------------------------------------------------------------------
+    # python/caffe/pycaffe.py and _caffe.cpp: what ``import caffe_engine as caffe`` scripts use.
+
+    def forward(self, blobs=None, start=None, end=None, **kwargs):
+        """Forward pass, as pycaffe's ``Net.forward``.
+
+        Args:
+            blobs: names of blobs whose data to return besides the outputs.
+            start, end: layer names to start at / stop after (inclusive); default the first and
+                the last layer.
+            **kwargs: input blob name -> array copied into that blob first. When given, the
+                names must be exactly the net's :attr:`inputs` and each array's first axis the
+                blob's batch size (pycaffe's checks).
+
+        Returns:
+            dict blob name -> the blob's data array (the live array, not a copy), for the
+            net's outputs (or, with ``end``, that layer's tops) and ``blobs``.
+
+        Raises:
+            CaffeError: unknown layer or blob name, inputs that do not match, wrong batch size.
+        """
+        blobs = list(blobs or [])
+        start_ind = 0 if start is None else self._layer_index_of(start)
+        if end is None:
+            end_ind = len(self.layers) - 1
+            outputs = set(self.outputs + blobs)
+        else:
+            end_ind = self._layer_index_of(end)
+            outputs = set(self.top_names_of(end) + blobs)
+        self._check_blob_names(outputs)
+        if kwargs:
+            if set(kwargs) != set(self.inputs):
+                raise CaffeError(f"Input blob arguments {sorted(kwargs)} do not match "
+                                 f"net inputs {self.inputs}.")
+            for name, value in kwargs.items():
+                self._fill(name, value, "data", "Input")
+        self._forward(start_ind, end_ind)
+        return {name: self.blobs[name].data for name in outputs}
+
+    def backward(self, diffs=None, start=None, end=None, **kwargs):
+        """Backward pass, as pycaffe's ``Net.backward``.
+
+        Args:
+            diffs: names of blobs whose diff to return besides the inputs'.
+            start, end: layer names to start at / stop after (inclusive), going down; default
+                the last and the first layer.
+            **kwargs: output blob name -> array copied into that blob's diff first. When
+                given, the names must be exactly the net's :attr:`outputs`.
+
+        Returns:
+            dict blob name -> the blob's diff array, for the net's inputs (or, with ``end``,
+            that layer's bottoms) and ``diffs``.
+
+        Raises:
+            CaffeError: unknown layer or blob name, diffs that do not match, wrong batch size.
+        """
+        diffs = list(diffs or [])
+        start_ind = len(self.layers) - 1 if start is None else self._layer_index_of(start)
+        if end is None:
+            end_ind = 0
+            outputs = set(self.inputs + diffs)
+        else:
+            end_ind = self._layer_index_of(end)
+            outputs = set(self.bottom_names_of(end) + diffs)
+        self._check_blob_names(outputs)
+        if kwargs:
+            if set(kwargs) != set(self.outputs):
+                raise CaffeError(f"Top diff arguments {sorted(kwargs)} do not match "
+                                 f"net outputs {self.outputs}.")
+            for name, value in kwargs.items():
+                self._fill(name, value, "diff", "Diff")
+        self._backward(start_ind, end_ind)
+        return {name: self.blobs[name].diff for name in outputs}
+
+    def _check_blob_names(self, names):
+        unknown = sorted(n for n in names if n not in self.blobs)
+        if unknown:
+            raise CaffeError(f"unknown blob(s) {', '.join(unknown)} (net '{self.name}')")
+
+    def _fill(self, name, value, field, what):
+        blob = self.blobs[name]
+        value = numpy.asarray(value) if not hasattr(value, "shape") else value
+        if value.ndim == 0 or not blob.shape or value.shape[0] != blob.shape[0]:
+            raise CaffeError(f"{what} '{name}' is not batch sized: got shape {tuple(value.shape)}, "
+                             f"blob shape {blob.shape}")
+        target = getattr(blob, field)
+        target[...] = backend.get_array_module(target).asarray(value)
+
+    def _forward(self, start, end):
+        """pycaffe's ``Net._forward(start_ind, end_ind)``: run layers by index; return the loss."""
+        return float(self.forward_from_to(start, end))
+
+    def _backward(self, start, end):
+        """pycaffe's ``Net._backward(start_ind, end_ind)``: backward from ``start`` down to ``end``."""
+        self.backward_from_to(start, end)
+
+    def forward_all(self, blobs=None, **kwargs):
+        """Forward any number of items in batches of the net's batch size (pycaffe's).
+
+        Args:
+            blobs: extra blob names to collect, as in :meth:`forward`.
+            **kwargs: input blob name -> array of any length N (all the same N). The last
+                batch is padded with zeros; the padding's outputs are dropped.
+
+        Returns:
+            dict blob name -> NumPy array of N items (copies).
+
+        Raises:
+            CaffeError: no inputs given, or inputs of different lengths.
+        """
+        if not kwargs:
+            raise CaffeError("forward_all needs the input arrays as keyword arguments "
+                             f"(net inputs: {self.inputs})")
+        all_outs = {name: [] for name in set(self.outputs + list(blobs or []))}
+        for batch in self._batch(kwargs):
+            outs = self.forward(blobs=blobs, **batch)
+            for name, data in outs.items():
+                all_outs[name].extend(backend.to_numpy(data).copy())
+        return self._unpad(all_outs, _first_length(kwargs))
+
+    def forward_backward_all(self, blobs=None, diffs=None, **kwargs):
+        """Forward and backward in batches (pycaffe's ``forward_backward_all``).
+
+        Args:
+            blobs, diffs: extra blob names whose data / diffs to collect.
+            **kwargs: input blob name -> array (fed forward) and output blob name -> array
+                (fed as top diffs backward); nets with data layers may give neither.
+
+        Returns:
+            (all_blobs, all_diffs): dicts blob name -> NumPy array of N items.
+        """
+        all_outs = {name: [] for name in set(self.outputs + list(blobs or []))}
+        all_diffs = {name: [] for name in set(self.inputs + list(diffs or []))}
+        forward_batches = self._batch({k: kwargs[k] for k in self.inputs if k in kwargs})
+        backward_batches = self._batch({k: kwargs[k] for k in self.outputs if k in kwargs})
+        for fb, bb in itertools.zip_longest(forward_batches, backward_batches, fillvalue={}):
+            for name, data in self.forward(blobs=blobs, **fb).items():
+                all_outs[name].extend(backend.to_numpy(data).copy())
+            for name, diff in self.backward(diffs=diffs, **bb).items():
+                all_diffs[name].extend(backend.to_numpy(diff).copy())
+        n = _first_length(kwargs) if kwargs else None
+        return self._unpad(all_outs, n), self._unpad(all_diffs, n)
+
+    def _batch(self, arrays):
+        """Yield dicts of batch-sized slices of ``arrays``; the last one zero-padded (pycaffe's)."""
+        if not arrays:
+            return
+        num = _first_length(arrays)
+        batch_size = next(iter(self.blobs.values())).shape[0]
+        for i in range(0, num - num % batch_size, batch_size):
+            yield {name: arrays[name][i:i + batch_size] for name in arrays}
+        remainder = num % batch_size
+        if remainder:
+            padded = {}
+            for name, values in arrays.items():
+                values = numpy.asarray(values)
+                padding = numpy.zeros((batch_size - remainder,) + values.shape[1:], values.dtype)
+                padded[name] = numpy.concatenate([values[-remainder:], padding])
+            yield padded
+
+    @staticmethod
+    def _unpad(collected, n):
+        out = {name: numpy.asarray(values) for name, values in collected.items()}
+        if n is not None:
+            out = {name: values[:n] for name, values in out.items()}
+        return out
+
+    def reshape(self):
+        """Re-run every layer's ``reshape`` in order (Caffe's Net::Reshape), e.g. after
+        ``net.blobs['data'].reshape(...)``."""
+        for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
+            layer.reshape(bottom, top)
+
+    def share_with(self, other):
+        """pycaffe's ``net.share_with(other)``: view ``other``'s params by layer name."""
+        self.share_trained_layers_with(other)
+
+    def save_hdf5(self, path, write_diff=False):
+        """Write the weights as a ``.caffemodel.h5`` (pycaffe's ``save_hdf5``)."""
+        from .io.hdf5_snapshot import save_net_hdf5
+        save_net_hdf5(self, str(path), write_diff)
+
+    def load_hdf5(self, path):
+        """Copy weights from a ``.caffemodel.h5`` by layer name (pycaffe's ``load_hdf5``)."""
+        from .io.hdf5_weights import load_hdf5_weights
+        load_hdf5_weights(self, str(path))
+
     def set_input_arrays(self, data, labels):
         """Feed a MemoryData first layer (pycaffe's ``Net.set_input_arrays``).
 
@@ -558,14 +717,75 @@ class Net:
         self.layers[0].set_input_arrays(data, labels)
 
     @property
+    def blob_loss_weights(self):
+        """OrderedDict blob name -> loss weight (pycaffe's ``net.blob_loss_weights``)."""
+        return _LossWeights(zip(self.blob_names, self._blob_loss_weights))
+
+    @property
+    def layer_dict(self):
+        """OrderedDict layer name -> layer (pycaffe's ``net.layer_dict``)."""
+        return collections.OrderedDict(zip(self.layer_names, self.layers))
+
+    @property
+    def top_names(self):
+        """OrderedDict layer name -> list of its top blob names (pycaffe's)."""
+        return collections.OrderedDict(
+            (name, [self.blob_names[b] for b in ids]) for name, ids in zip(self.layer_names, self.top_ids))
+
+    @property
+    def bottom_names(self):
+        """OrderedDict layer name -> list of its bottom blob names (pycaffe's)."""
+        return collections.OrderedDict(
+            (name, [self.blob_names[b] for b in ids]) for name, ids in zip(self.layer_names, self.bottom_ids))
+
+    @property
     def _layer_names(self):
         return list(self.layer_names)
+
+    @property
+    def _blob_names(self):
+        return list(self.blob_names)
+
+    @property
+    def _blobs(self):
+        return list(self._blob_list)
+
+    @property
+    def _inputs(self):
+        return [self._blob_index[n] for n in self.inputs]
+
+    @property
+    def _outputs(self):
+        return [self._blob_index[n] for n in self.outputs]
+
+    def _top_ids(self, i):
+        return list(self.top_ids[i])
+
+    def _bottom_ids(self, i):
+        return list(self.bottom_ids[i])
 
     def top_names_of(self, layer_name):
         return [self.blob_names[b] for b in self.top_ids[self._layer_index_of(layer_name)]]
 
     def bottom_names_of(self, layer_name):
         return [self.blob_names[b] for b in self.bottom_ids[self._layer_index_of(layer_name)]]
+
+
+class _LossWeights(collections.OrderedDict):
+    """pycaffe's ``blob_loss_weights`` dict (name -> weight); an int key still reads the weight
+    of the blob with that index, for callers written against the earlier list."""
+
+    def __missing__(self, key):
+        if isinstance(key, (int, numpy.integer)) and not isinstance(key, bool):
+            return list(self.values())[key]
+        raise KeyError(key)
+
+
+def _first_length(arrays):
+    lengths = {name: len(values) for name, values in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise CaffeError(f"input arrays differ in length: {lengths}")
+    return next(iter(lengths.values()))
 
 
 def _shape_str(shape):

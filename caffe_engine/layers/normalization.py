@@ -1,1 +1,437 @@
-"""(being written)"""
+"""Normalisation layers: LRN, BatchNorm and MVN, with Caffe's float32 numerics.
+
+Caffe: src/caffe/layers/lrn_layer.cpp, batch_norm_layer.cpp, mvn_layer.cpp.
+
+Each layer follows the order of Caffe's CPU arithmetic where that order shows in float32: LRN's
+running window sums over channels, LRN WITHIN_CHANNEL as Caffe's chain of Split, Power, AVE
+Pooling, Power and Eltwise PROD layers, and the mean/variance reductions of BatchNorm and MVN as
+a sum over the spatial positions of each (n, c) followed by a sum over n. The reductions that
+Caffe hands to BLAS may still differ from it by a few float32 ulps of the summed magnitudes.
+"""
+import numpy
+
+from ..backend import get_array_module
+from ..blob import Blob
+from ..proto import caffe_pb2
+from .base import Layer, register
+
+f32 = numpy.float32
+
+
+def _buffer(layer, name, xp, shape):
+    """``layer.<name>``: a float32 work array of ``shape``, reallocated only when it changes."""
+    buf = getattr(layer, name, None)
+    shape = tuple(int(d) for d in shape)
+    if buf is None or buf.shape != shape or get_array_module(buf) is not xp:
+        buf = xp.zeros(shape, f32)
+        setattr(layer, name, buf)
+    return buf
+
+
+# ------------------------------------------------------------------------------------------------
+# Caffe's PowerLayer arithmetic, used by LRN WITHIN_CHANNEL (Caffe builds that LRN from layers)
+# ------------------------------------------------------------------------------------------------
+def _power_forward(xp, x, power, scale, shift):
+    """``(shift + scale * x) ** power`` in Caffe's order: scale, then shift, then powx."""
+    if power * scale == 0:
+        value = f32(1) if power == 0 else f32(numpy.power(shift, power))
+        return xp.full(x.shape, value, f32)
+    y = x.copy()
+    if scale != 1:
+        y *= scale
+    if shift != 0:
+        y += shift
+    if power != 1:
+        xp.power(y, power, out=y)
+    return y
+
+
+def _power_backward(xp, x, y, dy, power, scale, shift):
+    """Gradient of :func:`_power_forward` as Caffe's PowerLayer::Backward_cpu computes it."""
+    diff_scale = f32(power * scale)
+    if diff_scale == 0 or power == 1:
+        dx = xp.full(x.shape, diff_scale, f32)
+    elif power == 2:
+        dx = x * f32(diff_scale * scale)
+        if shift != 0:
+            dx += f32(diff_scale * shift)
+    elif shift == 0:
+        dx = y / x
+        dx *= power
+    else:
+        dx = x.copy()
+        if scale != 1:
+            dx *= scale
+        dx += shift
+        xp.divide(y, dx, out=dx)
+        if diff_scale != 1:
+            dx *= diff_scale
+    if diff_scale != 0:
+        xp.multiply(dy, dx, out=dx)
+    return dx
+
+
+@register("LRN")
+class LRNLayer(Layer):
+    """Local response normalisation: ``top = x * scale ** -beta``.
+
+    Shapes: bottom (N, C, H, W), top the same; float32. Not in place.
+
+    ACROSS_CHANNELS (the default): ``scale = k + alpha / local_size * sum(x_j ** 2)`` over the
+    ``local_size`` channels centred on each channel (zero beyond the edges). Caffe keeps that sum
+    as a running window over the channels (add the head, subtract the tail), and so does this
+    layer; the gradient is Caffe's ``scale ** -beta * dy - 2 alpha beta / local_size * x *
+    sum_window(dy * top / scale)``.
+
+    WITHIN_CHANNEL: Caffe composes it of layers, and this layer repeats their arithmetic:
+    square (Power 2), AVE pooling of ``local_size x local_size`` windows with pad
+    ``(local_size - 1) / 2`` and stride 1 -- so every window, padded cells included, divides by
+    ``local_size ** 2`` -- then ``(1 + alpha * pooled) ** -beta`` (Power), times x (Eltwise
+    PROD). Note that ``k`` is not used there.
+
+    Fields read (lrn_param): local_size (5, odd), alpha (1), beta (0.75), k (1), norm_region
+    (ACROSS_CHANNELS). ``engine`` is ignored.
+
+    Raises:
+        CaffeError: even local_size; a bottom without 4 axes; in-place use.
+
+    Caffe: src/caffe/layers/lrn_layer.cpp (and power_layer.cpp, pooling_layer.cpp,
+    eltwise_layer.cpp, split_layer.cpp for WITHIN_CHANNEL).
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.lrn_param
+        self.size = int(p.local_size)
+        if self.size % 2 != 1:
+            raise self.error(f"LRN only supports odd values for local_size, got {self.size}")
+        self.pre_pad = (self.size - 1) // 2
+        self.alpha, self.beta, self.k = f32(p.alpha), f32(p.beta), f32(p.k)
+        self.within = p.norm_region == caffe_pb2.LRNParameter.WITHIN_CHANNEL
+        if top[0] is bottom[0]:
+            raise self.error("does not support in-place computation")
+
+    def reshape(self, bottom, top):
+        if bottom[0].num_axes != 4:
+            raise self.error(f"input must have 4 axes (num, channels, height, width), got shape "
+                             f"{bottom[0].shape}")
+        n, c, h, w = bottom[0].shape
+        top[0].reshape(bottom[0].shape)
+        xp = get_array_module(bottom[0].data)
+        if self.within:
+            pad = self.pre_pad
+            _buffer(self, "padded", xp, (n, c, h + 2 * pad, w + 2 * pad))
+            _buffer(self, "pooled", xp, (n, c, h, w))
+        else:
+            _buffer(self, "scale", xp, (n, c, h, w))
+            _buffer(self, "padded", xp, (n, c + self.size - 1, h, w))
+            _buffer(self, "accum", xp, (n, h, w))
+
+    def forward(self, bottom, top):
+        if self.within:
+            self._within_forward(bottom[0], top[0])
+        else:
+            self._across_forward(bottom[0], top[0])
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if self.within:
+            self._within_backward(top[0], bottom[0])
+        else:
+            self._across_backward(top[0], bottom[0])
+
+    # -- ACROSS_CHANNELS ---------------------------------------------------------------------
+    def _across_forward(self, bottom, top):
+        xp = get_array_module(bottom.data)
+        x, scale, sq = bottom.data, self.scale, self.padded
+        c, size, pad = x.shape[1], self.size, self.pre_pad
+        a = self.alpha / f32(size)
+        sq[...] = 0
+        xp.multiply(x, x, out=sq[:, pad:pad + c])
+        s = scale[:, 0]
+        s[...] = self.k
+        for j in range(size):
+            s += a * sq[:, j]
+        for j in range(1, c):
+            s = scale[:, j]
+            s[...] = scale[:, j - 1]
+            s += a * sq[:, j + size - 1]
+            s += -a * sq[:, j - 1]
+        xp.power(scale, -self.beta, out=top.data)
+        top.data *= x
+
+    def _across_backward(self, top, bottom):
+        xp = get_array_module(bottom.data)
+        x, y, dy, dx = bottom.data, top.data, top.diff, bottom.diff
+        scale, ratio, accum = self.scale, self.padded, self.accum
+        c, size = x.shape[1], self.size
+        cache_ratio = f32(2.0 * float(self.alpha) * float(self.beta) / size)
+        xp.power(scale, -self.beta, out=dx)
+        dx *= dy
+        inverse_pre_pad = size - (size + 1) // 2
+        ratio[...] = 0
+        inner = ratio[:, inverse_pre_pad:inverse_pre_pad + c]
+        xp.multiply(dy, y, out=inner)
+        inner /= scale
+        accum[...] = 0
+        for j in range(size - 1):
+            accum += ratio[:, j]
+        for j in range(c):
+            accum += ratio[:, j + size - 1]
+            dx[:, j] += -cache_ratio * (x[:, j] * accum)
+            accum -= ratio[:, j]
+
+    # -- WITHIN_CHANNEL ----------------------------------------------------------------------
+    def _within_forward(self, bottom, top):
+        xp = get_array_module(bottom.data)
+        x = bottom.data
+        h, w = x.shape[2:]
+        size, pad = self.size, self.pre_pad
+        padded, pooled = self.padded, self.pooled
+        padded[...] = 0
+        xp.multiply(x, x, out=padded[:, :, pad:pad + h, pad:pad + w])        # Power 2
+        pooled[...] = 0                                                      # AVE pooling
+        for i in range(size):
+            for j in range(size):
+                pooled += padded[:, :, i:i + h, j:j + w]
+        pooled /= f32(size * size)
+        self.power_out = _power_forward(xp, pooled, -self.beta, self.alpha, f32(1))
+        xp.multiply(x, self.power_out, out=top.data)                         # Eltwise PROD
+
+    def _within_backward(self, top, bottom):
+        xp = get_array_module(bottom.data)
+        x, dy = bottom.data, top.diff
+        h, w = x.shape[2:]
+        size, pad = self.size, self.pre_pad
+        d_product = self.power_out * dy                       # PROD -> the split's first top
+        d_power = x * dy                                      # PROD -> the power output
+        d_pooled = _power_backward(xp, self.pooled, self.power_out, d_power,
+                                   -self.beta, self.alpha, f32(1))
+        # AVE pooling backward: Caffe adds top_diff / size^2 into each window, windows in
+        # row-major order, so an input cell receives its terms last kernel offset first.
+        spread = self.padded
+        spread[...] = 0
+        spread[:, :, pad:pad + h, pad:pad + w] = d_pooled / f32(size * size)
+        d_square = xp.zeros_like(x)
+        for i in reversed(range(size)):
+            for j in reversed(range(size)):
+                d_square += spread[:, :, 2 * pad - i:2 * pad - i + h, 2 * pad - j:2 * pad - j + w]
+        d_square *= x * f32(2)                                # Power 2 backward
+        xp.add(d_product, d_square, out=bottom.diff)          # Split backward
+
+
+@register("BatchNorm")
+class BatchNormLayer(Layer):
+    """Batch normalisation without the affine part (Caffe pairs it with a Scale layer).
+
+    Shapes: bottom (N, C, ...) (or (N,), read as one channel), top the same; float32. In place
+    allowed. Statistics are per channel over N and all axes after the channel axis.
+
+    Params (not learned): ``blobs[0]`` running mean sum (C,), ``blobs[1]`` running variance sum
+    (C,), ``blobs[2]`` the scale factor (1,); all start at 0. Like Caffe, setup appends
+    ``param { lr_mult: 0 }`` for each of them to the layer's LayerParameter (so the net's
+    learning-rate bookkeeping, and a saved net, see lr_mult 0).
+
+    With global statistics ``mean = blobs[0] / s`` and ``var = blobs[1] / s`` for the factor
+    ``s = blobs[2]`` (both 0 when ``s == 0``). Otherwise the batch mean and biased variance are
+    used, and the running sums are updated: ``s = maf * s + 1``, ``blobs[0] = maf * blobs[0] +
+    mean``, ``blobs[1] = maf * blobs[1] + m / (m - 1) * var`` with ``m = count / C`` (factor 1
+    when m = 1). ``top = (x - mean) / sqrt(var + eps)``. The gradient is ``dy / std`` with global
+    statistics, else Caffe's ``(dy - mean(dy) - mean(dy * y) * y) / std``.
+
+    Fields read (batch_norm_param): use_global_stats (default: phase == TEST),
+    moving_average_fraction (0.999), eps (1e-5). ``param`` specs must be absent or lr_mult 0.
+
+    Raises:
+        CaffeError: a ``param`` spec with non-zero lr_mult; a bottom whose channel count changed.
+
+    Caffe: src/caffe/layers/batch_norm_layer.cpp.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.batch_norm_param
+        self.moving_average_fraction = f32(p.moving_average_fraction)
+        self.use_global_stats = self.phase == caffe_pb2.TEST
+        if p.HasField("use_global_stats"):
+            self.use_global_stats = p.use_global_stats
+        self.channels = 1 if bottom[0].num_axes == 1 else bottom[0].shape[1]
+        self.eps = f32(p.eps)
+        if not self.blobs:
+            xp = get_array_module(bottom[0].data)
+            self.blobs = [Blob((self.channels,), xp=xp), Blob((self.channels,), xp=xp),
+                          Blob((1,), xp=xp)]
+        # Caffe masks the statistics from the solver by giving them lr_mult 0.
+        for i in range(len(self.blobs)):
+            if len(self.param.param) == i:
+                self.param.param.add().lr_mult = 0
+            elif self.param.param[i].lr_mult != 0:
+                raise self.error("Cannot configure batch normalization statistics as layer "
+                                 f"parameters (param {i} has lr_mult "
+                                 f"{self.param.param[i].lr_mult:g}; it must be 0 or unset)")
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        channels = 1 if len(shape) == 1 else shape[1]
+        if channels != self.channels:
+            raise self.error(f"bottom has {channels} channels, the layer was set up for "
+                             f"{self.channels} (shape {shape})")
+        top[0].reshape(shape)
+        num = shape[0]
+        self.view = (num, self.channels, bottom[0].count // max(num * self.channels, 1))
+        xp = get_array_module(bottom[0].data)
+        _buffer(self, "x_norm", xp, self.view)
+        _buffer(self, "work", xp, self.view)
+        _buffer(self, "std", xp, (1, self.channels, 1))
+
+    def _channel_sum(self, xp, a, alpha=None):
+        """Sum over spatial positions per (n, c) (times ``alpha``), then over n, as Caffe's two
+        gemv calls do."""
+        per_item = a.sum(axis=2, dtype=f32)
+        if alpha is not None:
+            per_item *= alpha
+        return per_item.sum(axis=0, dtype=f32)
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        num, channels, spatial = self.view
+        x = bottom[0].data.reshape(self.view)
+        y = top[0].data.reshape(self.view)
+        if self.use_global_stats:
+            stored = self.blobs[2].data.reshape(-1)[:1]
+            factor = xp.where(stored == 0, f32(0), f32(1) / xp.where(stored == 0, f32(1), stored))
+            mean = factor * self.blobs[0].data
+            var = factor * self.blobs[1].data
+        else:
+            inv = f32(1.0 / (num * spatial))
+            mean = self._channel_sum(xp, x, inv)
+        xp.subtract(x, mean.reshape(1, channels, 1), out=y)
+        if not self.use_global_stats:
+            xp.multiply(y, y, out=self.work)
+            var = self._channel_sum(xp, self.work, inv)
+            maf = self.moving_average_fraction
+            s = self.blobs[2].data
+            s *= maf
+            s += f32(1)
+            self.blobs[0].data *= maf
+            self.blobs[0].data += mean
+            m = bottom[0].count // channels
+            correction = f32(m) / f32(m - 1) if m > 1 else f32(1)
+            self.blobs[1].data *= maf
+            self.blobs[1].data += correction * var
+        std = self.std
+        std[...] = (var + self.eps).reshape(1, channels, 1)
+        xp.sqrt(std, out=std)
+        y /= std
+        self.x_norm[...] = y
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(top[0].diff)
+        num, channels, spatial = self.view
+        dy = top[0].diff.reshape(self.view)
+        if top[0] is bottom[0]:
+            dy = dy.copy()
+        dx = bottom[0].diff.reshape(self.view)
+        if self.use_global_stats:
+            xp.divide(dy, self.std, out=dx)
+            return
+        y = self.x_norm
+        xp.multiply(y, dy, out=self.work)
+        dot = self._channel_sum(xp, self.work).reshape(1, channels, 1)
+        total = self._channel_sum(xp, dy).reshape(1, channels, 1)
+        xp.multiply(y, dot, out=dx)
+        xp.add(total, dx, out=dx)
+        dx *= f32(-1.0 / (num * spatial))
+        dx += dy
+        dx /= self.std
+
+
+@register("MVN")
+class MVNLayer(Layer):
+    """Mean-variance normalisation of each item (and channel).
+
+    Shapes: bottom (N, C, H, W) or fewer axes (missing ones count as 1), top the same; float32.
+    The statistics are taken over (C, H, W) of each item with ``across_channels``, else over
+    (H, W) of each (item, channel).
+
+    ``top = x - mean``; with ``normalize_variance`` then ``top /= sqrt(var) + eps`` -- Caffe adds
+    eps to the standard deviation, not to the variance. The gradient is Caffe's
+    ``(dy - mean(dy) - mean(dy * y) * y) / (std + eps)`` (exact for eps -> 0), or
+    ``dy - mean(dy)`` without variance normalisation.
+
+    Fields read (mvn_param): normalize_variance (true), across_channels (false), eps (1e-9).
+
+    Raises:
+        CaffeError: a bottom of more than 4 axes.
+
+    Caffe: src/caffe/layers/mvn_layer.cpp.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.param.mvn_param
+        self.normalize_variance = p.normalize_variance
+        self.across_channels = p.across_channels
+        self.eps = f32(p.eps)
+
+    def reshape(self, bottom, top):
+        shape = bottom[0].shape
+        if len(shape) > 4:
+            raise self.error(f"takes at most 4 axes (num, channels, height, width), got {shape}")
+        legacy = tuple(shape) + (1,) * (4 - len(shape))
+        top[0].reshape(shape)
+        num = legacy[0] if self.across_channels else legacy[0] * legacy[1]
+        self.view = (num, bottom[0].count // max(num, 1))
+        xp = get_array_module(bottom[0].data)
+        _buffer(self, "work", xp, self.view)
+        _buffer(self, "std", xp, (num, 1))
+
+    def forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        num, dim = self.view
+        inv = f32(1.0 / dim)
+        x = bottom[0].data.reshape(self.view)
+        y = top[0].data.reshape(self.view)
+        mean = x.sum(axis=1, keepdims=True, dtype=f32)
+        mean *= inv
+        xp.subtract(x, mean, out=y)
+        if self.normalize_variance:
+            xp.multiply(y, y, out=self.work)
+            var = self.work.sum(axis=1, keepdims=True, dtype=f32)
+            var *= inv
+            xp.power(var, f32(0.5), out=self.std)
+            self.std += self.eps
+            y /= self.std
+
+    def backward(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(top[0].diff)
+        num, dim = self.view
+        dy = top[0].diff.reshape(self.view)
+        if top[0] is bottom[0]:
+            dy = dy.copy()
+        dx = bottom[0].diff.reshape(self.view)
+        if self.normalize_variance:
+            y = top[0].data.reshape(self.view)
+            xp.multiply(y, dy, out=self.work)
+            dot = self.work.sum(axis=1, keepdims=True, dtype=f32)
+            total = dy.sum(axis=1, keepdims=True, dtype=f32)
+            xp.multiply(y, dot, out=dx)
+            xp.add(total, dx, out=dx)
+            dx *= f32(-1.0 / dim)
+            dx += dy
+            dx /= self.std
+        else:
+            mean = dy.sum(axis=1, keepdims=True, dtype=f32)
+            mean *= f32(1.0 / dim)
+            xp.subtract(dy, mean, out=dx)
