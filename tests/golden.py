@@ -42,7 +42,7 @@ BLAS_ULPS = 4
 # normalisation), so the absolute-value replay cannot bound them; they meet the plain tolerance.
 BLAS_LAYERS = {"Convolution", "Deconvolution", "InnerProduct", "Embed", "Scale", "Bias"}
 #: Layer type -> indices of the tops that must match exactly (None: all of them).
-EXACT_TOPS = {"Accuracy": None, "ArgMax": None, "Pooling": {1}}
+EXACT_TOPS = {"Accuracy": None, "ArgMax": None, "Pooling": {1}, "Filter": None}
 
 EPS32 = float(numpy.finfo(numpy.float32).eps)
 
