@@ -229,3 +229,9 @@ def test_softmax_with_loss(extra, shape, label_shape):
         f'name: "loss" type: "SoftmaxWithLoss" bottom: "x" bottom: "label" top: "loss" {extra}',
         [gaussian(shape), labels])
     check_gradient(layer, bottoms, tops, [0])
+
+
+def test_split_sums_top_gradients():
+    layer, bottoms, tops = make_layer('name: "s" type: "Split" bottom: "x" top: "a" top: "b" top: "c"',
+                                      [gaussian((2, 3, 4))])
+    check_gradient(layer, bottoms, tops, [0])
