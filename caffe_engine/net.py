@@ -151,9 +151,10 @@ class Net:
 
     Args:
         model: a prototxt path, or a caffe_pb2.NetParameter.
-        phase: ``TRAIN`` or ``TEST`` (pycaffe also accepts ``Net(model, weights, phase)``).
-        weights: optional ``.caffemodel`` path whose params are copied in by layer name.
+        phase: ``TRAIN`` or ``TEST`` (pycaffe's legacy ``Net(model, weights, phase)`` works too).
         level, stages: the NetState level and stages (``caffe train --level/--stage``).
+        weights: optional ``.caffemodel`` (or ``.h5``) path whose params are copied in by
+            layer name. The positional order is pycaffe's: model, phase, level, stages, weights.
 
     Attributes:
         blobs: OrderedDict blob name -> Blob, in creation order.
@@ -169,10 +170,13 @@ class Net:
             mismatch; the message names the file or layer.
     """
 
-    def __init__(self, model, phase=None, weights=None, level=0, stages=(), **kwargs):
-        # pycaffe also allows Net(model, weights, phase).
-        if isinstance(phase, (str, os.PathLike)) and not isinstance(weights, (str, os.PathLike)):
-            phase, weights = weights, phase
+    def __init__(self, model, phase=None, level=0, stages=None, weights=None, **kwargs):
+        # pycaffe's order is (network_file, phase, level=0, stages=None, weights=None); its
+        # legacy constructor is Net(network_file, pretrained_file, phase).
+        if isinstance(phase, (str, os.PathLike)):
+            if weights is not None:
+                raise TypeError("Net(model, weights, phase) takes no weights= keyword as well")
+            weights, phase, level = phase, level, 0
         phase = kwargs.pop("phase", phase)
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
@@ -430,6 +434,15 @@ class Net:
     def forward_loss(self):
         """Forward the whole net and return the loss as a float32 scalar (Caffe's Net::Forward)."""
         return self.forward_from_to(0, len(self.layers) - 1)
+
+    def add_before_backward(self, callback):
+        """Run ``callback(layer_index)`` before each layer's backward (Caffe's add_before_backward)."""
+        self.before_backward_hooks.append(callback)
+
+    def add_after_backward(self, callback):
+        """Run ``callback(layer_index)`` after each layer's backward, whether or not that layer
+        needed one (Caffe's add_after_backward); gradient buckets launch their allreduce here."""
+        self.backward_hooks.append(callback)
 
     def forward_backward(self):
         """One forward and one backward pass; returns the float32 loss."""
@@ -691,6 +704,14 @@ class Net:
         ``net.blobs['data'].reshape(...)``."""
         for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
             layer.reshape(bottom, top)
+
+    def before_backward(self, callback):
+        """pycaffe's ``net.before_backward(fn)``: ``fn(layer_index)`` before each layer's backward."""
+        self.add_before_backward(callback)
+
+    def after_backward(self, callback):
+        """pycaffe's ``net.after_backward(fn)``: ``fn(layer_index)`` after each layer's backward."""
+        self.add_after_backward(callback)
 
     def share_with(self, other):
         """pycaffe's ``net.share_with(other)``: view ``other``'s params by layer name."""

@@ -1,0 +1,134 @@
+"""NumPy arrays to and from Caffe's protobuf records: pycaffe's ``caffe.io`` conversion half.
+
+Caffe: python/caffe/io.py (``blobproto_to_array``, ``array_to_blobproto``,
+``arraylist_to_blobprotovector_str``, ``blobprotovector_str_to_arraylist``, ``array_to_datum``,
+``datum_to_array``).
+
+Same values, dtypes and shapes as pycaffe: values read from float fields come back as float64
+arrays (pycaffe builds them from Python floats), bytes of a Datum as uint8.
+For ``.binaryproto`` files (e.g. a mean image) see :mod:`caffe_engine.io.blobproto`.
+"""
+import numpy
+
+from ..errors import CaffeError
+
+
+def _pb2():
+    from ..proto import caffe_pb2
+    return caffe_pb2
+
+
+def blobproto_to_array(blob, return_diff=False):
+    """A ``BlobProto``'s ``data`` (or ``diff``) as a float64 array of its shape.
+
+    The legacy ``num, channels, height, width`` shape is used when any of those fields is set,
+    else ``shape.dim``.
+
+    Raises:
+        CaffeError: the number of values does not fit the shape.
+    """
+    values = numpy.array(blob.diff if return_diff else blob.data, dtype=numpy.float64)
+    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
+        shape = (blob.num, blob.channels, blob.height, blob.width)
+    else:
+        shape = tuple(blob.shape.dim)
+    if values.size != int(numpy.prod(shape, dtype=numpy.int64)):
+        raise CaffeError(f"BlobProto holds {values.size} values, which do not fit its shape {shape}")
+    return values.reshape(shape)
+
+
+def array_to_blobproto(arr, diff=None):
+    """A ``BlobProto`` with ``shape.dim`` = ``arr.shape`` and the values of ``arr`` (and ``diff``)."""
+    arr = numpy.asarray(arr)
+    blob = _pb2().BlobProto()
+    blob.shape.dim.extend(int(d) for d in arr.shape)
+    blob.data.extend(arr.astype(float).flat)
+    if diff is not None:
+        blob.diff.extend(numpy.asarray(diff).astype(float).flat)
+    return blob
+
+
+def arraylist_to_blobprotovector_str(arraylist):
+    """Serialize a list of arrays as a ``BlobProtoVector`` (bytes)."""
+    vec = _pb2().BlobProtoVector()
+    vec.blobs.extend([array_to_blobproto(arr) for arr in arraylist])
+    return vec.SerializeToString()
+
+
+#: pycaffe's older, misspelt name.
+arraylist_to_blobprotovecor_str = arraylist_to_blobprotovector_str
+
+
+def blobprotovector_str_to_arraylist(data):
+    """The arrays of a serialized ``BlobProtoVector``."""
+    vec = _pb2().BlobProtoVector()
+    vec.ParseFromString(data)
+    return [blobproto_to_array(blob) for blob in vec.blobs]
+
+
+def array_to_datum(arr, label=None):
+    """A ``Datum`` from a (C, H, W) array: uint8 arrays go to ``data`` (bytes), others to
+    ``float_data``; ``label`` is set when given.
+
+    Raises:
+        CaffeError: the array is not 3-D.
+    """
+    arr = numpy.asarray(arr)
+    if arr.ndim != 3:
+        raise CaffeError(f"Incorrect array shape: a Datum holds (C, H, W), got {arr.shape}")
+    datum = _pb2().Datum()
+    datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
+    if arr.dtype == numpy.uint8:
+        datum.data = arr.tobytes()
+    else:
+        datum.float_data.extend(arr.astype(float).flat)
+    if label is not None:
+        datum.label = int(label)
+    return datum
+
+
+def datum_to_array(datum):
+    """A ``Datum``'s pixels as (C, H, W): uint8 from ``data``, float64 from ``float_data``.
+    The label is ``datum.label``. Encoded (JPEG/PNG) records: decode with
+    :func:`decode_datum` first.
+
+    Raises:
+        CaffeError: the value count does not fit ``channels x height x width``.
+    """
+    shape = (datum.channels, datum.height, datum.width)
+    if len(datum.data):
+        values = numpy.frombuffer(datum.data, dtype=numpy.uint8)
+    else:
+        values = numpy.array(datum.float_data, dtype=numpy.float64)
+    if values.size != int(numpy.prod(shape, dtype=numpy.int64)):
+        raise CaffeError(f"Datum holds {values.size} values, which do not fit its shape {shape}")
+    return values.reshape(shape)
+
+
+def decode_datum(datum, is_color=None):
+    """An encoded Datum (``encoded: true``, JPEG/PNG bytes) as a plain uint8 one (Caffe's
+    ``DecodeDatumNative`` when ``is_color`` is None: the file's own channels; else forced colour
+    or grey). Channels are BGR, as OpenCV decodes them for Caffe. A plain Datum is returned as is.
+
+    Raises:
+        CaffeError: the bytes cannot be decoded.
+    """
+    if not datum.encoded:
+        return datum
+    import io
+    from PIL import Image
+    from ..layers.image_data import read_image
+    if is_color is None:
+        try:
+            with Image.open(io.BytesIO(datum.data)) as img:
+                is_color = img.mode not in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+        except (OSError, ValueError, SyntaxError):
+            raise CaffeError("cannot decode an encoded Datum: not a readable image") from None
+    image = read_image(io.BytesIO(datum.data), is_color=is_color,
+                       error=lambda _: CaffeError("cannot decode an encoded Datum: not a readable image"))
+    chw = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+    out = _pb2().Datum()
+    out.channels, out.height, out.width = (int(d) for d in chw.shape)
+    out.data = numpy.ascontiguousarray(chw).tobytes()
+    out.label = datum.label
+    return out
