@@ -274,6 +274,19 @@ class Net:
                 tops.append(self._blob_list[blob_id])
                 top_ids.append(blob_id)
                 available[name] = True
+            if layer.auto_top_blobs:
+                # Caffe's AutoTopBlobs: a loss layer declared without its top still gets one,
+                # an anonymous "(automatic)" blob that no other layer can consume.
+                needed = max(layer.min_top or 0, layer.exact_num_top or 0)
+                for _ in range(len(tops), needed):
+                    logger.info("%s -> (automatic)", lp.name)
+                    blob_id = len(self._blob_list)
+                    self._blob_list.append(Blob(()))
+                    self.blob_names.append("(automatic)")
+                    self.blob_need_backward.append(False)
+                    self._blob_loss_weights.append(0.0)
+                    tops.append(self._blob_list[blob_id])
+                    top_ids.append(blob_id)
             self.bottom_vecs.append(bottoms)
             self.top_vecs.append(tops)
             self.bottom_ids.append(bottom_ids)

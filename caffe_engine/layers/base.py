@@ -73,6 +73,12 @@ class Layer:
     equal_num_bottom_top = False
     #: Loss layers default to loss_weight 1 on their first top (Caffe's LossLayer).
     is_loss = False
+
+    @property
+    def auto_top_blobs(self):
+        """Whether the net adds anonymous tops up to the required count (Caffe's AutoTopBlobs:
+        true for loss layers)."""
+        return self.is_loss
     #: Whether force_backward may propagate to bottom ``i`` (Caffe's AllowForceBackward).
     def allow_force_backward(self, bottom_index):
         return True
