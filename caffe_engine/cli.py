@@ -4,6 +4,12 @@ Caffe: tools/caffe.cpp. Flags are parsed as gflags does: ``--flag=value``, ``--f
 ``-flag=value`` and ``-flag value`` all work; booleans also as bare ``--flag`` / ``--noflag``.
 Every user error (bad flag, unreadable or malformed file, bad layer parameter) is printed as
 one line ``caffe: ...`` on stderr with exit status 1 — never a traceback.
+
+``train`` follows Caffe: ``--weights`` (comma-separated) finetunes the train and test nets,
+``--snapshot`` resumes (weights, history, iter, lr step; data cursors and the random stream
+restart as in a fresh process), SIGINT/SIGHUP act as ``--sigint_effect`` (default stop) and
+``--sighup_effect`` (default snapshot) say. ``--exact_resume`` (not in Caffe) also saves and
+restores the data cursors and random streams (see ``solvers/resume.py``).
 """
 import sys
 import time
@@ -23,22 +29,31 @@ commands:
   device_query    show GPU diagnostic information
   time            benchmark model execution time
 
-Flags:
-  --solver (The solver definition protocol buffer text file.) type: string
-  --model (The model definition protocol buffer text file.) type: string
-  --weights (Optional; the pretrained weights to initialize finetuning,
-      separated by ','. Cannot be set simultaneously with snapshot.) type: string
-  --snapshot (Optional; the snapshot solver state to resume training.) type: string
-  --iterations (The number of iterations to run.) type: int32 default: 50
-  --phase (Optional; network phase (TRAIN or TEST). Only used for 'time'.) type: string
-  --level (Optional; network level.) type: int32 default: 0
-  --stage (Optional; network stages (not to be confused with phase), separated by ',')
-      type: string
-  --gpu (Optional; run in GPU mode on given device IDs separated by ','. Use '-gpu all'
-      to run on all available GPUs.) type: string
-  --sigint_effect (Optional; action to take when a SIGINT signal is received:
+  Flags:
+    -solver (The solver definition protocol buffer text file.) type: string
+      default: ""
+    -model (The model definition protocol buffer text file.) type: string
+      default: ""
+    -weights (Optional; the pretrained weights to initialize finetuning,
+      separated by ','. Cannot be set simultaneously with snapshot.)
+      type: string default: ""
+    -snapshot (Optional; the snapshot solver state to resume training.)
+      type: string default: ""
+    -exact_resume (Not in Caffe: with -snapshot, also restore the data cursors
+      and random streams saved in <solverstate>.resume; when training, write
+      that file with every snapshot.) type: bool default: false
+    -iterations (The number of iterations to run.) type: int32 default: 50
+    -phase (Optional; network phase (TRAIN or TEST). Only used for 'time'
+      (and 'test', which defaults to TEST).) type: string default: ""
+    -level (Optional; network level.) type: int32 default: 0
+    -stage (Optional; network stages (not to be confused with phase), separated
+      by ','.) type: string default: ""
+    -gpu (Optional; run in GPU mode on given device IDs separated by ','.Use
+      '-gpu all' to run on all available GPUs. The effective training batch
+      size is multiplied by the number of devices.) type: string default: ""
+    -sigint_effect (Optional; action to take when a SIGINT signal is received:
       snapshot, stop or none.) type: string default: "stop"
-  --sighup_effect (Optional; action to take when a SIGHUP signal is received:
+    -sighup_effect (Optional; action to take when a SIGHUP signal is received:
       snapshot, stop or none.) type: string default: "snapshot"
 """
 
@@ -47,6 +62,7 @@ FLAGS = {
     "model": (str, ""),
     "weights": (str, ""),
     "snapshot": (str, ""),
+    "exact_resume": (bool, False),
     "iterations": (int, 50),
     "phase": (str, ""),
     "level": (int, 0),
@@ -56,6 +72,9 @@ FLAGS = {
     "sighup_effect": (str, "snapshot"),
 }
 
+_BOOL_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
+                "false": False, "f": False, "no": False, "n": False, "0": False}
+
 
 class UsageError(CaffeError):
     """A command-line mistake: usage text is printed with the message."""
@@ -63,6 +82,9 @@ class UsageError(CaffeError):
 
 def parse_flags(argv):
     """Parse gflags-style ``argv`` into (positional args, dict of flag values).
+
+    ``--flag=value``, ``--flag value``, ``-flag=value`` and ``-flag value``; booleans also as
+    bare ``--flag`` and ``--noflag``.
 
     Raises:
         UsageError: unknown flag, missing value, or a value of the wrong type.
@@ -81,9 +103,21 @@ def parse_flags(argv):
             break
         body = arg.lstrip("-")
         name, eq, value = body.partition("=")
+        if name not in FLAGS and name.startswith("no") and FLAGS.get(name[2:], (None,))[0] is bool \
+                and not eq:
+            values[name[2:]] = False
+            continue
         if name not in FLAGS:
             raise UsageError(f"unknown command line flag '{name}'")
         kind, _ = FLAGS[name]
+        if kind is bool:
+            if not eq:
+                values[name] = True
+                continue
+            if value.lower() not in _BOOL_VALUES:
+                raise UsageError(f"illegal value '{value}' specified for bool flag '{name}'")
+            values[name] = _BOOL_VALUES[value.lower()]
+            continue
         if not eq:
             if i >= len(argv):
                 raise UsageError(f"flag '{name}' is missing its argument")
@@ -97,58 +131,143 @@ def parse_flags(argv):
 
 
 def _stages(flags):
-    return [s for s in flags["stage"].split(",") if s] if flags["stage"] else []
+    """``--stage`` split at ',' as Caffe's get_stages_from_flags (boost::split: ``""`` -> ``[""]``)."""
+    return flags["stage"].split(",")
 
 
-def _select_device(flags, solver_param=None):
-    """CPU unless --gpu (or the solver's solver_mode: GPU when CuPy and a GPU are present)."""
-    gpus = flags["gpu"]
-    from .proto import caffe_pb2
-    if not gpus and solver_param is not None and solver_param.solver_mode == caffe_pb2.SolverParameter.GPU:
-        try:
-            import cupy
-            if cupy.cuda.runtime.getDeviceCount() > 0:
-                gpus = str(solver_param.device_id)
-        except Exception:
-            logger.warning("solver_mode is GPU but CuPy/CUDA is not available; using the CPU")
-    if not gpus:
-        logger.info("Use CPU.")
-        backend.set_mode_cpu()
-        return
-    ids = gpus.split(",")
-    if gpus == "all":
-        ids = ["0"]
-    if len(ids) > 1:
-        raise CaffeError("--gpu: several GPUs in one process are not supported; use mpiexec -n P")
-    backend.set_device(int(ids[0]))
+def _gpu_ids(spec, what=None):
+    """Device ids from a ``--gpu`` value (Caffe's get_gpus): ``all`` or ``0,1,...``.
+
+    Raises:
+        CaffeError: CuPy or a CUDA device is missing, or an id is not an integer.
+    """
+    if not spec:
+        return []
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # ImportError, CUDARuntimeError
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+        raise CaffeError(f"{what or '--gpu=' + spec}: GPU mode needs CuPy and a CUDA device, and "
+                         f"none is available ({reason})") from None
+    if spec == "all":
+        return list(range(count))
+    try:
+        ids = [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise UsageError(f"--gpu: expected 'all' or device ids separated by ',', got '{spec}'") from None
+    for i in ids:
+        if not 0 <= i < count:
+            raise CaffeError(f"--gpu: no CUDA device {i} ({count} available)")
+    return ids
+
+
+def _use_gpu(device):
+    backend.set_device(device)
     backend.set_mode_gpu()
-    logger.info("Use GPU with device ID %s", ids[0])
 
 
 def train(flags):
-    """``caffe train``: build the solver, restore or finetune, and solve."""
+    """``caffe train``: build the solver, restore or finetune, and solve (tools/caffe.cpp)."""
     from .io import prototxt as pio
+    from .proto import caffe_pb2
     from .solvers import get_solver
     if not flags["solver"]:
         raise UsageError("Need a solver definition to train.")
     if flags["snapshot"] and flags["weights"]:
         raise UsageError("Give a snapshot to resume training or weights to finetune but not both.")
+    handler = SignalHandler(flags["sigint_effect"], flags["sighup_effect"])
     param = pio.read_solver_param(flags["solver"])
     param.train_state.level = flags["level"]
     param.train_state.stage.extend(_stages(flags))
-    _select_device(flags, param)
-    solver = get_solver(param)
+    gpu = flags["gpu"]
+    if not gpu and param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
+        gpu = str(param.device_id)
+    try:
+        gpus = _gpu_ids(gpu)
+    except CaffeError:
+        if flags["gpu"]:
+            raise
+        # solver_mode: GPU without a GPU: Caffe's CPU-only builds train on the CPU too.
+        logger.warning("solver_mode is GPU but CuPy/CUDA is not available; using the CPU")
+        gpus = []
+    if not gpus:
+        logger.info("Use CPU.")
+        backend.set_mode_cpu()
+    else:
+        if len(gpus) > 1:
+            raise CaffeError(f"--gpu={gpu}: several GPUs in one process are not supported; "
+                             "run one process per GPU under mpiexec")
+        logger.info("Using GPUs %s", ", ".join(str(i) for i in gpus))
+        import cupy
+        for i in gpus:
+            name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
+            logger.info("GPU %d: %s", i, name.decode() if isinstance(name, bytes) else name)
+        param.device_id = gpus[0]
+        _use_gpu(gpus[0])
     if flags["snapshot"]:
-        logger.info("Resuming from %s", flags["snapshot"])
+        param.ClearField("weights")
     elif flags["weights"]:
-        for path in flags["weights"].split(","):
-            solver.net.copy_from(path)
-            for net in solver.test_nets:
-                net.copy_from(path)
-    logger.info("Starting Optimization")
-    solver.solve(flags["snapshot"] or None)
+        param.ClearField("weights")
+        param.weights.append(flags["weights"])
+    with handler:
+        solver = get_solver(param)
+        solver.exact_resume = flags["exact_resume"]
+        solver.action_request_function = handler.check_for_signals
+        if flags["snapshot"]:
+            logger.info("Resuming from %s", flags["snapshot"])
+            solver.restore(flags["snapshot"])
+        logger.info("Starting Optimization")
+        solver.solve()
     logger.info("Optimization Done.")
     return 0
+
+
+class SignalHandler:
+    """SIGINT / SIGHUP turned into solver actions (Caffe's SignalHandler, util/signal_handler.cpp).
+
+    Installed for the duration of a ``with`` block; the previous handlers come back after it.
+    A signal is remembered until :meth:`check_for_signals` reports it once (SIGHUP first).
+
+    Raises:
+        UsageError: an effect other than ``stop``, ``snapshot`` or ``none``.
+    """
+
+    def __init__(self, sigint_effect="stop", sighup_effect="snapshot"):
+        from .solvers import SolverAction
+        for name, value in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
+            if value not in SolverAction.ALL:
+                raise UsageError(f'Invalid signal effect "{value}" was specified (--{name}: '
+                                 "stop, snapshot or none)")
+        self.effects = {"SIGINT": sigint_effect, "SIGHUP": sighup_effect}
+        self.got = {"SIGINT": False, "SIGHUP": False}
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        import signal
+        self.got[signal.Signals(signum).name] = True
+
+    def __enter__(self):
+        import signal
+        for name in self.got:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def check_for_signals(self):
+        """The action for a signal received since the last call (``none`` without one)."""
+        for name in ("SIGHUP", "SIGINT"):
+            if self.got[name]:
+                self.got[name] = False
+                return self.effects[name]
+        return "none"
 
 
 def _phase(flags, default):
@@ -159,94 +278,158 @@ def _phase(flags, default):
     return TRAIN if name == "TRAIN" else TEST
 
 
+def _select_device(flags):
+    """``test`` / ``time``: the first ``--gpu`` device, else the CPU."""
+    gpus = _gpu_ids(flags["gpu"])
+    if gpus:
+        logger.info("Use GPU with device ID %d", gpus[0])
+        _use_gpu(gpus[0])
+    else:
+        logger.info("Use CPU.")
+        backend.set_mode_cpu()
+
+
 def test(flags):
-    """``caffe test``: run the model forward ``--iterations`` times and print mean outputs."""
+    """``caffe test``: forward ``--iterations`` batches, log every output and their means.
+
+    As tools/caffe.cpp's test(): per batch ``Batch i, <output> = v`` for every element of every
+    output blob, then ``Loss: <mean loss>`` and ``<output> = <mean>`` (with the
+    ``(* weight = weighted loss)`` suffix for loss outputs). The net is built in TEST phase
+    (``--phase`` may choose TRAIN, an addition) with ``--level`` and ``--stage``.
+    """
     from .net import Net
+    from .solvers.solver import copy_trained_layers
     if not flags["model"]:
         raise UsageError("Need a model definition to score.")
     if not flags["weights"]:
         raise UsageError("Need model weights to score.")
     _select_device(flags)
     net = Net(flags["model"], _phase(flags, "TEST"), level=flags["level"], stages=_stages(flags))
-    net.copy_from(flags["weights"])
-    logger.info("Running for %d iterations.", flags["iterations"])
-    sums, loss = {}, numpy.float32(0)
-    for i in range(flags["iterations"]):
+    copy_trained_layers(net, flags["weights"])
+    iterations = flags["iterations"]
+    logger.info("Running for %d iterations.", iterations)
+    f32 = numpy.float32
+    scores, score_output = [], []
+    loss = f32(0)
+    for i in range(iterations):
         loss += net.forward_loss()
-        index = 0
-        for name in net.outputs:
-            for k, v in enumerate(numpy.asarray(net.blobs[name].data).ravel()):
-                sums[(name, k)] = sums.get((name, k), numpy.float32(0)) + v
+        idx = 0
+        for j, name in enumerate(net.outputs):
+            for v in backend.to_numpy(net.blobs[name].data).ravel():
+                if i == 0:
+                    scores.append(f32(v))
+                    score_output.append(j)
+                else:
+                    scores[idx] += f32(v)
+                idx += 1
                 logger.info("Batch %d, %s = %s", i, name, g(v))
-                index += 1
-    loss /= numpy.float32(max(flags["iterations"], 1))
+    loss = f32(loss / f32(iterations)) if iterations else f32("nan")
     logger.info("Loss: %s", g(loss))
-    for index, ((name, k), total) in enumerate(sums.items()):
-        mean = total / numpy.float32(flags["iterations"])
-        weight = net.blob_loss_weights[net.blob_names.index(name)]
-        suffix = f" (* {g(weight)} = {g(weight * mean)} loss)" if weight else ""
+    for score, j in zip(scores, score_output):
+        name = net.outputs[j]
+        weight = f32(net.blob_loss_weights[net.blob_names.index(name)])
+        mean = f32(score / f32(iterations))
+        suffix = f" (* {g(weight)} = {g(f32(weight * mean))} loss)" if weight else ""
         logger.info("%s = %s%s", name, g(mean), suffix)
     return 0
 
 
 def time_(flags):
-    """``caffe time``: average forward and backward time per layer over ``--iterations``."""
+    """``caffe time``: average forward and backward time per layer over ``--iterations``.
+
+    As tools/caffe.cpp's time(): one untimed forward and backward, then per iteration every
+    layer's forward in order and backward in reverse order, each timed; the log gives each
+    iteration's time, the per-layer averages, the forward/backward averages and the total.
+    Layers that need no backward are timed at their (empty) backward too.
+    """
     from .net import Net
     if not flags["model"]:
         raise UsageError("Need a model definition to time.")
+    phase = _phase(flags, "TRAIN")
     _select_device(flags)
-    net = Net(flags["model"], _phase(flags, "TRAIN"), level=flags["level"], stages=_stages(flags))
+    net = Net(flags["model"], phase, level=flags["level"], stages=_stages(flags))
     logger.info("Performing Forward")
-    net.forward_loss()
+    initial_loss = net.forward_loss()
+    logger.info("Initial loss: %s", g(initial_loss))
     logger.info("Performing Backward")
     net.backward_from_to()
     n_layers = len(net.layers)
     fwd, bwd = numpy.zeros(n_layers), numpy.zeros(n_layers)
+    forward_time = backward_time = 0.0
     iters = flags["iterations"]
     logger.info("*** Benchmark begins ***")
     logger.info("Testing for %d iterations.", iters)
+    sync = _device_sync()
     total_start = time.perf_counter()
     for it in range(iters):
         t_iter = time.perf_counter()
         for i in range(n_layers):
             t = time.perf_counter()
             net.forward_from_to(i, i)
+            sync()
             fwd[i] += time.perf_counter() - t
+        forward_time += time.perf_counter() - t_iter
+        t_back = time.perf_counter()
         for i in range(n_layers - 1, -1, -1):
             t = time.perf_counter()
             net.backward_from_to(i, i)
+            sync()
             bwd[i] += time.perf_counter() - t
+        backward_time += time.perf_counter() - t_back
         logger.info("Iteration: %d forward-backward time: %s ms.", it + 1,
                     g((time.perf_counter() - t_iter) * 1e3))
-    n = max(iters, 1)
+    total = time.perf_counter() - total_start
+    n = iters if iters else float("nan")
+    logger.info("Average time per layer: ")
     for i, name in enumerate(net.layer_names):
         logger.info("%10s\tforward: %s ms.", name, g(fwd[i] * 1e3 / n))
         logger.info("%10s\tbackward: %s ms.", name, g(bwd[i] * 1e3 / n))
-    logger.info("Average Forward pass: %s ms.", g(fwd.sum() * 1e3 / n))
-    logger.info("Average Backward pass: %s ms.", g(bwd.sum() * 1e3 / n))
-    logger.info("Average Forward-Backward: %s ms.", g((time.perf_counter() - total_start) * 1e3 / n))
-    logger.info("Total Time: %s ms.", g((time.perf_counter() - total_start) * 1e3))
+    logger.info("Average Forward pass: %s ms.", g(forward_time * 1e3 / n))
+    logger.info("Average Backward pass: %s ms.", g(backward_time * 1e3 / n))
+    logger.info("Average Forward-Backward: %s ms.", g(total * 1e3 / n))
+    logger.info("Total Time: %s ms.", g(total * 1e3))
     logger.info("*** Benchmark ends ***")
     return 0
 
 
+def _device_sync():
+    """A function that waits for queued GPU work (a no-op on the CPU), so timings are real."""
+    if backend.xp() is numpy:
+        return lambda: None
+    import cupy
+    return cupy.cuda.Device().synchronize
+
+
 def device_query(flags):
-    """``caffe device_query``: describe the CUDA device(s) CuPy sees, or say there are none."""
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        raise CaffeError(f"device_query: no CUDA device available (CuPy: {exc})") from None
-    ids = [int(x) for x in flags["gpu"].split(",")] if flags["gpu"] and flags["gpu"] != "all" else range(count)
+    """``caffe device_query``: the properties of the ``--gpu`` devices (all when unset).
+
+    Raises:
+        CaffeError: no CuPy or no CUDA device (one line).
+    """
+    logger.info("Querying GPUs %s", flags["gpu"])
+    ids = _gpu_ids(flags["gpu"] or "all", "device_query")
+    import cupy
     for i in ids:
-        props = cupy.cuda.runtime.getDeviceProperties(i)
-        logger.info("Querying GPUs %d", i)
-        logger.info("Device id:                     %d", i)
-        logger.info("Name:                          %s", props["name"].decode())
-        logger.info("Major revision number:         %d", props["major"])
-        logger.info("Minor revision number:         %d", props["minor"])
-        logger.info("Total global memory:           %d", props["totalGlobalMem"])
-        logger.info("Number of multiprocessors:     %d", props["multiProcessorCount"])
+        p = cupy.cuda.runtime.getDeviceProperties(i)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+        rows = [
+            ("Device id", i), ("Major revision number", p["major"]),
+            ("Minor revision number", p["minor"]), ("Name", name),
+            ("Total global memory", p["totalGlobalMem"]),
+            ("Total shared memory per block", p["sharedMemPerBlock"]),
+            ("Total registers per block", p["regsPerBlock"]), ("Warp size", p["warpSize"]),
+            ("Maximum memory pitch", p["memPitch"]),
+            ("Maximum threads per block", p["maxThreadsPerBlock"]),
+            ("Maximum dimension of block", ", ".join(str(x) for x in p["maxThreadsDim"])),
+            ("Maximum dimension of grid", ", ".join(str(x) for x in p["maxGridSize"])),
+            ("Clock rate", p["clockRate"]), ("Total constant memory", p["totalConstMem"]),
+            ("Texture alignment", p["textureAlignment"]),
+            ("Concurrent copy and execution", "Yes" if p.get("deviceOverlap") else "No"),
+            ("Number of multiprocessors", p["multiProcessorCount"]),
+            ("Kernel execution timeout", "Yes" if p.get("kernelExecTimeoutEnabled") else "No"),
+        ]
+        for label, value in rows:
+            logger.info("%-31s%s", label + ":", value)
     return 0
 
 

@@ -1,10 +1,19 @@
-"""Stochastic gradient descent with momentum (Caffe's SGDSolver) and the shared update steps.
+"""Caffe's SGD family: SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam.
 
-Caffe: src/caffe/solvers/sgd_solver.cpp. Per iteration: compute the rate, clip the global L2
-norm of the gradients, then per param: normalise by ``iter_size``, add weight decay (L2 or L1,
-times ``decay_mult``), compute the update into the diff, and finally ``data -= diff``.
-SGD's update: ``history = lr * lr_mult * diff + momentum * history; diff = history``
-(the rate is applied before momentum, as Caffe does). All arithmetic in float32.
+Caffe: src/caffe/solvers/sgd_solver.cpp and its subclasses' files. Per iteration
+(``SGDSolver::ApplyUpdate``): compute the rate, log it, clip the global L2 norm of the
+gradients, then per learnable param: normalise by ``iter_size``, add weight decay (L2 or L1,
+times ``decay_mult``), let the update rule (``updates.py``) turn the diff into the step, and
+finally ``data -= diff`` for every param. All arithmetic in float32.
+
+History layout (what the ``.solverstate`` holds, in this order): one blob per learnable param,
+of its shape; AdaDelta and Adam append a second set after the first (AdaDelta: squared
+gradients then squared updates; Adam: first moments then second moments).
+
+SolverParameter fields read: ``base_lr`` and the ``lr_policy`` fields (``lr_policy.py``),
+``momentum`` (0), ``momentum2`` (0.999, Adam), ``delta`` (1e-8), ``rms_decay`` (0.99),
+``weight_decay`` (0), ``regularization_type`` ("L2" or "L1"), ``clip_gradients`` (-1: off),
+``iter_size`` (1), ``display``, ``snapshot_format``.
 """
 import math
 
@@ -17,6 +26,7 @@ from ..io import prototxt as pio
 from ..io.weights import blob_from_proto, blob_to_proto, proto_shape
 from ..log import g, logger
 from ..proto import caffe_pb2
+from . import updates
 from .lr_policy import learning_rate
 from .solver import Solver
 
@@ -24,12 +34,29 @@ f32 = numpy.float32
 
 
 class SGDSolver(Solver):
-    """SGD with momentum; history blobs mirror the learnable params' shapes."""
+    """Stochastic gradient descent with momentum (and the shared update steps of its family).
+
+    Raises:
+        CaffeError: as :class:`Solver`, plus an unknown ``regularization_type`` or a
+            hyper-parameter the rule refuses (see the subclasses).
+    """
 
     type = "SGD"
+    rule = staticmethod(updates.sgd)
+    history_sets = 1
+
+    def check_param(self, param):
+        """Refuse hyper-parameters the rule cannot use (Caffe's constructor checks)."""
 
     def init_state(self):
-        self.history = [Blob(b.shape) for b in self.net.learnable_params]
+        self.check_param(self.param)
+        params = self.net.learnable_params
+        self.history = [Blob(b.shape) for _ in range(self.history_sets) for b in params]
+        self._work = []
+        for b in params:
+            xp = backend.get_array_module(b.data)
+            self._work.append((xp.zeros(b.shape, dtype=f32), xp.zeros(b.shape, dtype=f32)))
+        self.hyper = updates.Hyper(self.param)
 
     def get_learning_rate(self):
         rate = learning_rate(self.param, self.iter, self.lr_state)
@@ -37,6 +64,7 @@ class SGDSolver(Solver):
         return rate
 
     def clip_gradients(self):
+        """Scale all diffs down when their global L2 norm exceeds ``clip_gradients``."""
         clip = f32(self.param.clip_gradients)
         if clip < 0:
             return
@@ -44,7 +72,7 @@ class SGDSolver(Solver):
         sumsq = f32(0)
         for b in params:
             xp = backend.get_array_module(b.diff)
-            sumsq += f32(xp.vdot(b.diff.ravel(), b.diff.ravel()))
+            sumsq += f32(float(xp.vdot(b.diff.ravel(), b.diff.ravel())))
         l2norm = f32(math.sqrt(sumsq))
         if l2norm > clip:
             scale = f32(clip / l2norm)
@@ -60,36 +88,51 @@ class SGDSolver(Solver):
     def regularize(self, i):
         blob = self.net.learnable_params[i]
         decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
+        kind = self.param.regularization_type
         if not decay:
             return
-        kind = self.param.regularization_type
+        xp = backend.get_array_module(blob.data)
         if kind == "L2":
-            blob.diff += decay * blob.data
+            scratch = self._work[i][0]
+            xp.multiply(blob.data, decay, out=scratch)
+            blob.diff += scratch
         elif kind == "L1":
-            xp = backend.get_array_module(blob.data)
-            blob.diff += decay * xp.sign(blob.data)
+            scratch = self._work[i][0]
+            xp.sign(blob.data, out=scratch)
+            scratch *= decay
+            blob.diff += scratch
         else:
-            raise CaffeError(f"solver: unknown regularization_type '{kind}' (known: L1, L2)")
+            raise CaffeError(f"solver: Unknown regularization type: '{kind}' (known: L1, L2)")
 
     def compute_update_value(self, i, rate):
-        blob, hist = self.net.learnable_params[i], self.history[i].data
+        """Turn param ``i``'s diff into its step with the rule (Caffe's ComputeUpdateValue)."""
+        params = self.net.learnable_params
+        n = len(params)
         local_rate = f32(rate) * f32(self.net.params_lr[i])
-        hist *= f32(self.param.momentum)
-        hist += local_rate * blob.diff
-        blob.diff[...] = hist
+        history = [self.history[s * n + i].data for s in range(self.history_sets)]
+        self.rule(params[i].diff, history, local_rate, self.hyper, self._work[i])
 
     def apply_update(self):
         rate = self.get_learning_rate()
         if self.param.display and self.iter % self.param.display == 0:
             logger.info("Iteration %d, lr = %s", self.iter, g(rate))
         self.clip_gradients()
+        self.hyper.t = self.iter + 1
         for i in range(len(self.net.learnable_params)):
             self.normalize(i)
             self.regularize(i)
             self.compute_update_value(i, rate)
         self.net.update()
 
+    # -- solver state -----------------------------------------------------------------------
     def snapshot_state(self, model_filename):
+        """Write the solver state for ``model_filename``; returns the state's file name."""
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            from ..io.hdf5_snapshot import save_solver_state_hdf5
+            filename = self.snapshot_filename(".solverstate.h5")
+            logger.info("Snapshotting solver state to HDF5 file %s", filename)
+            save_solver_state_hdf5(filename, self.iter, model_filename, self.current_step, self.history)
+            return filename
         state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_filename,
                                       current_step=self.current_step)
         for h in self.history:
@@ -97,14 +140,81 @@ class SGDSolver(Solver):
         filename = self.snapshot_filename(".solverstate")
         logger.info("Snapshotting solver state to binary proto file %s", filename)
         pio.write_binary(filename, state)
+        return filename
 
-    def restore_state(self, state):
-        if len(state.history) != len(self.history):
+    def restore_state(self, history, log=True):
+        """Load the history blobs from a list of BlobProtos or float32 arrays.
+
+        Raises:
+            CaffeError: wrong number of blobs, or a blob whose shape differs from its param's.
+        """
+        if len(history) != len(self.history):
             raise CaffeError(f"solverstate: Incorrect length of history blobs "
-                             f"({len(state.history)} in file, {len(self.history)} expected)")
-        logger.info("SGDSolver: restoring history")
-        for h, bp in zip(self.history, state.history):
-            shape = proto_shape(bp, h.shape)
-            if shape != h.shape:
-                raise CaffeError(f"solverstate: history blob shape {shape} does not match param shape {h.shape}")
-            h.data[...] = backend.get_array_module(h.data).asarray(blob_from_proto(bp).reshape(h.shape))
+                             f"({len(history)} in file, {len(self.history)} expected for {self.type})")
+        if log:
+            logger.info("SGDSolver: restoring history")
+        for i, (h, saved) in enumerate(zip(self.history, history)):
+            if isinstance(saved, caffe_pb2.BlobProto):
+                shape, values = proto_shape(saved, h.shape), blob_from_proto(saved)
+            else:
+                values = numpy.asarray(saved, dtype=f32)
+                shape = tuple(values.shape)
+            if shape != tuple(h.shape):
+                raise CaffeError(f"solverstate: history blob {i} has shape {shape}; its param has "
+                                 f"shape {tuple(h.shape)}")
+            h.data[...] = backend.get_array_module(h.data).asarray(values.reshape(h.shape))
+
+
+class NesterovSolver(SGDSolver):
+    """Nesterov's accelerated gradient (Caffe: src/caffe/solvers/nesterov_solver.cpp)."""
+
+    type = "Nesterov"
+    rule = staticmethod(updates.nesterov)
+
+
+class AdaGradSolver(SGDSolver):
+    """AdaGrad (Caffe: src/caffe/solvers/adagrad_solver.cpp).
+
+    Raises:
+        CaffeError: ``momentum`` is not 0 ("Momentum cannot be used with AdaGrad.").
+    """
+
+    type = "AdaGrad"
+    rule = staticmethod(updates.adagrad)
+
+    def check_param(self, param):
+        if param.momentum != 0:
+            raise CaffeError("solver: Momentum cannot be used with AdaGrad.")
+
+
+class RMSPropSolver(SGDSolver):
+    """RMSProp (Caffe: src/caffe/solvers/rmsprop_solver.cpp).
+
+    Raises:
+        CaffeError: ``momentum`` is not 0, or ``rms_decay`` is outside [0, 1).
+    """
+
+    type = "RMSProp"
+    rule = staticmethod(updates.rmsprop)
+
+    def check_param(self, param):
+        if param.momentum != 0:
+            raise CaffeError("solver: Momentum cannot be used with RMSProp.")
+        if not 0 <= param.rms_decay < 1:
+            raise CaffeError(f"solver: rms_decay should lie between 0 and 1 (got {g(param.rms_decay)}).")
+
+
+class AdaDeltaSolver(SGDSolver):
+    """AdaDelta (Caffe: src/caffe/solvers/adadelta_solver.cpp); two history sets."""
+
+    type = "AdaDelta"
+    rule = staticmethod(updates.adadelta)
+    history_sets = 2
+
+
+class AdamSolver(SGDSolver):
+    """Adam (Caffe: src/caffe/solvers/adam_solver.cpp); two history sets (m, then v)."""
+
+    type = "Adam"
+    rule = staticmethod(updates.adam)
+    history_sets = 2

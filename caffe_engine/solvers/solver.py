@@ -2,21 +2,56 @@
 
 Caffe: src/caffe/solver.cpp (Solver::Init, Step, Solve, Test, Snapshot, Restore,
 UpdateSmoothedLoss). The update rule itself lives in a subclass (``sgd.py``): it owns the
-history blobs and ``apply_update``. Log lines are Caffe's, word for word, so log parsers work.
+history blobs, ``apply_update`` and the solver-state payload. Log lines are Caffe's, word for
+word, so log parsers work.
+
+Requests from outside (``caffe train``'s SIGINT/SIGHUP handling) reach the loop through
+``action_request_function``, a callable returning one of :class:`SolverAction`'s values: it is
+asked after every update and before every test batch, as Caffe's ``GetRequestedAction``.
 """
 import os
 import time
 
 import numpy
 
-from .. import rng
+from .. import backend, rng
 from ..errors import CaffeError
 from ..io import prototxt as pio
 from ..log import g, logger
 from ..net import Net
 from ..proto import caffe_pb2
+from . import resume
 
 f32 = numpy.float32
+
+
+class SolverAction:
+    """What ``action_request_function`` may return (Caffe's SolverAction::Enum)."""
+
+    NONE = "none"
+    STOP = "stop"
+    SNAPSHOT = "snapshot"
+    ALL = (NONE, STOP, SNAPSHOT)
+
+
+def load_net_weights(net, model_list):
+    """Copy weights into ``net`` from each of the comma-separated files (Caffe's LoadNetWeights).
+
+    ``.h5`` files are read as HDF5 weights, anything else as a binary ``.caffemodel``.
+    """
+    for name in model_list.split(","):
+        name = name.strip()
+        logger.info("Finetuning from %s", name)
+        copy_trained_layers(net, name)
+
+
+def copy_trained_layers(net, path):
+    """``net.copy_from(path)``, with ``.h5`` files read as Caffe's HDF5 weights."""
+    if str(path).endswith(".h5"):
+        from ..io.hdf5_weights import load_hdf5_weights
+        load_hdf5_weights(net, str(path))
+    else:
+        net.copy_from(path)
 
 
 class Solver:
@@ -25,12 +60,24 @@ class Solver:
     Args:
         param: caffe_pb2.SolverParameter, or a solver prototxt path.
 
+    SolverParameter fields read here (the update rule reads its own): ``net`` / ``net_param`` /
+    ``train_net`` / ``train_net_param`` (exactly one), ``test_net`` / ``test_net_param`` and the
+    generic net (one test net per remaining ``test_iter``), ``train_state``, ``test_state``,
+    ``weights`` (comma-separated lists, copied into every net after it is built),
+    ``test_iter``, ``test_interval`` (0), ``test_initialization`` (true), ``test_compute_loss``
+    (false), ``display`` (0), ``average_loss`` (1), ``max_iter``, ``iter_size`` (1),
+    ``snapshot`` (0), ``snapshot_prefix``, ``snapshot_format`` (BINARYPROTO), ``snapshot_diff``
+    (false), ``snapshot_after_train`` (true), ``random_seed`` (-1: from the clock).
+
     Attributes:
         net: the train Net; test_nets: list of test Nets; iter: updates done so far.
+        action_request_function: None or a callable returning a :class:`SolverAction` value.
+        exact_resume: when true, each snapshot also writes the ``.resume`` side file
+            (see ``resume.py``).
 
     Raises:
         CaffeError: no or several train nets, test_iter count mismatch, unwritable snapshot
-            prefix, and anything the nets raise.
+            prefix, average_loss < 1, and anything the nets raise.
     """
 
     type = None
@@ -40,15 +87,23 @@ class Solver:
             param = pio.read_solver_param(str(param))
         self.param = param
         logger.info("Initializing solver from parameters: \n%s", param)
+        if param.average_loss < 1:
+            raise CaffeError("solver: average_loss should be non-negative (at least 1).")
+        if param.iter_size < 1:
+            raise CaffeError("solver: iter_size must be at least 1")
+        self._check_snapshot_prefix()
         if param.random_seed >= 0:
             rng.set_random_seed(param.random_seed)
         self.iter = 0
         self.current_step = 0
         self.lr_state = {"current_step": 0}
         self.requested_early_exit = False
+        self.action_request_function = None
+        self.exact_resume = False
         self.losses = []
         self.smoothed_loss = f32(0)
-        self._check_snapshot_prefix()
+        self._loss_start_iter = 0
+        self._pending_loss_window = None
         self.net = self._init_train_net()
         self.test_nets = self._init_test_nets()
         logger.info("Solver scaffolding done.")
@@ -59,10 +114,16 @@ class Solver:
         p = self.param
         if not (p.snapshot or p.snapshot_after_train):
             return
+        if p.snapshot and not p.snapshot_prefix:
+            raise CaffeError("In solver params, snapshot is specified but snapshot_prefix is not")
         folder = os.path.dirname(p.snapshot_prefix) or "."
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise CaffeError(f"Cannot write to snapshot prefix '{p.snapshot_prefix}'. "
                              "Make sure that the directory exists and is writable.")
+
+    def _load_weights(self, net):
+        for model_list in self.param.weights:
+            load_net_weights(net, model_list)
 
     def _init_train_net(self):
         p = self.param
@@ -90,20 +151,26 @@ class Solver:
         state.MergeFrom(net_param.state)
         state.MergeFrom(p.train_state)
         net_param.state.CopyFrom(state)
-        return Net(net_param, state.phase, level=state.level, stages=list(state.stage))
+        net = Net(net_param, state.phase, level=state.level, stages=list(state.stage))
+        self._load_weights(net)
+        return net
 
     def _init_test_nets(self):
         p = self.param
         has_generic = p.HasField("net_param") or p.HasField("net")
         n_params, n_files = len(p.test_net_param), len(p.test_net)
         n_specific = n_params + n_files
+        if (has_generic and len(p.test_iter) < n_specific) or \
+                (not has_generic and len(p.test_iter) != n_specific):
+            raise CaffeError(f"solver: test_iter must be specified for each test network "
+                             f"({len(p.test_iter)} test_iter for {n_specific} test_net/test_net_param)")
         n_generic = (len(p.test_iter) - n_specific) if has_generic else 0
         total = n_specific + n_generic
-        if len(p.test_iter) != total:
-            raise CaffeError(f"solver: test_iter must be specified for each test network "
-                             f"({len(p.test_iter)} given for {total} test nets)")
         if len(p.test_state) and len(p.test_state) != total:
-            raise CaffeError("solver: test_state must be unspecified or specified once per test net")
+            raise CaffeError("solver: test_state must be unspecified or specified once per test net "
+                             f"({len(p.test_state)} test_state for {total} test nets)")
+        if total and p.test_interval <= 0:
+            raise CaffeError("solver: test_interval must be positive when there are test nets")
         specs = []
         for i in range(n_params):
             specs.append(("test_net_param", p.test_net_param[i], None))
@@ -117,18 +184,22 @@ class Solver:
         nets = []
         for i, (kind, inline, path) in enumerate(specs):
             if inline is not None:
-                logger.info("Creating test net (#%d) specified by %s", i, kind)
                 net_param = caffe_pb2.NetParameter()
                 net_param.CopyFrom(inline)
             else:
-                logger.info("Creating test net (#%d) specified by %s: %s", i, kind, path)
                 net_param = pio.read_net_param(path)
             state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
             state.MergeFrom(net_param.state)
             if len(p.test_state):
                 state.MergeFrom(p.test_state[i])
             net_param.state.CopyFrom(state)
-            nets.append(Net(net_param, state.phase, level=state.level, stages=list(state.stage)))
+            if inline is not None:
+                logger.info("Creating test net (#%d) specified by %s", i, kind)
+            else:
+                logger.info("Creating test net (#%d) specified by %s: %s", i, kind, path)
+            net = Net(net_param, state.phase, level=state.level, stages=list(state.stage))
+            self._load_weights(net)
+            nets.append(net)
         return nets
 
     # -- the update rule (subclasses) -------------------------------------------------------
@@ -141,19 +212,32 @@ class Solver:
     def snapshot_state(self, model_filename):
         raise NotImplementedError
 
-    def restore_state(self, state):
+    def restore_state(self, history):
         raise NotImplementedError
+
+    # -- requests from outside --------------------------------------------------------------
+    def get_requested_action(self):
+        """Ask ``action_request_function`` (Caffe's GetRequestedAction); NONE without one."""
+        if self.action_request_function is None:
+            return SolverAction.NONE
+        action = self.action_request_function()
+        if action not in SolverAction.ALL:
+            raise CaffeError(f"solver: unknown requested action {action!r}")
+        return action
 
     # -- training ---------------------------------------------------------------------------
     def solve(self, resume_file=None):
-        """Train to ``max_iter`` (Caffe's Solver::Solve), resuming from a .solverstate if given."""
+        """Train to ``max_iter`` (Caffe's Solver::Solve), resuming from a solver state if given.
+
+        ``caffe train --snapshot`` restores before calling this (as Caffe's tool does), so
+        ``resume_file`` serves the pycaffe-style ``solver.solve(file)``.
+        """
         logger.info("Solving %s", self.net.name)
         logger.info("Learning Rate Policy: %s", self.param.lr_policy)
         self.requested_early_exit = False
         if resume_file:
             logger.info("Restoring previous solver status from %s", resume_file)
             self.restore(resume_file)
-        start_iter = self.iter
         self.step(self.param.max_iter - self.iter)
         p = self.param
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
@@ -163,7 +247,7 @@ class Solver:
             return
         if p.display and self.iter % p.display == 0:
             loss = self.net.forward_loss()
-            self._update_smoothed_loss(loss, start_iter, p.average_loss)
+            self._update_smoothed_loss(loss, self._loss_start_iter, p.average_loss)
             logger.info("Iteration %d, loss = %s", self.iter, g(self.smoothed_loss))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
@@ -172,10 +256,9 @@ class Solver:
     def step(self, iters):
         """Run ``iters`` iterations (Caffe's Solver::Step)."""
         p = self.param
-        start_iter = self.iter
         stop_iter = self.iter + iters
-        self.losses = []
-        self.smoothed_loss = f32(0)
+        self._start_loss_window()
+        start_iter = self._loss_start_iter
         last_iter, last_time = self.iter, time.perf_counter()
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
@@ -194,15 +277,17 @@ class Solver:
                 now = time.perf_counter()
                 lapse = now - last_time
                 per_s = (self.iter - last_iter) / (lapse or 1.0)
-                logger.info("Iteration %d (%s iter/s, %.3gs/%d iters), loss = %s", self.iter,
-                            g(per_s), lapse, p.display, g(self.smoothed_loss))
+                logger.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
+                            g(per_s), g(lapse), p.display, g(self.smoothed_loss))
                 last_iter, last_time = self.iter, now
                 self._log_outputs(self.net, "Train")
             self.apply_update()
             self.iter += 1
-            if p.snapshot and self.iter % p.snapshot == 0:
+            request = self.get_requested_action()
+            if (p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT:
                 self.snapshot()
-            if self.requested_early_exit:
+            if request == SolverAction.STOP:
+                self.requested_early_exit = True
                 break
 
     def _log_outputs(self, net, kind, values=None):
@@ -210,12 +295,34 @@ class Solver:
         index = 0
         for name in net.outputs:
             blob = net.blobs[name]
-            weight = net.blob_loss_weights[net.blob_names.index(name)]
-            vec = values[name] if values is not None else numpy.asarray(blob.data).ravel()
+            weight = f32(net.blob_loss_weights[net.blob_names.index(name)])
+            vec = values[name] if values is not None else backend.to_numpy(blob.data).ravel()
             for v in vec:
-                suffix = f" (* {g(weight)} = {g(f32(weight) * f32(v))} loss)" if weight else ""
+                suffix = f" (* {g(weight)} = {g(weight * f32(v))} loss)" if weight else ""
                 logger.info("    %s net output #%d: %s = %s%s", kind, index, name, g(v), suffix)
                 index += 1
+
+    # -- the smoothed loss ------------------------------------------------------------------
+    def _start_loss_window(self):
+        """Caffe restarts the window with every Step; an exact resume continues the saved one."""
+        pending, self._pending_loss_window = self._pending_loss_window, None
+        if pending:
+            self.losses = [f32(x) for x in pending["losses"]]
+            self.smoothed_loss = f32(pending["smoothed"])
+            self._loss_start_iter = int(pending["start_iter"])
+        else:
+            self.losses = []
+            self.smoothed_loss = f32(0)
+            self._loss_start_iter = self.iter
+
+    def loss_window_state(self):
+        """The smoothed-loss window as JSON-able data (for the exact-resume side file)."""
+        return {"losses": [float(x) for x in self.losses], "smoothed": float(self.smoothed_loss),
+                "start_iter": int(self._loss_start_iter)}
+
+    def set_loss_window_state(self, state):
+        """Continue the saved window in the next :meth:`step` instead of starting a new one."""
+        self._pending_loss_window = state
 
     def _update_smoothed_loss(self, loss, start_iter, average_loss):
         if len(self.losses) < average_loss:
@@ -227,7 +334,9 @@ class Solver:
             self.smoothed_loss = f32(self.smoothed_loss + (f32(loss) - self.losses[idx]) / f32(average_loss))
             self.losses[idx] = f32(loss)
 
+    # -- testing ----------------------------------------------------------------------------
     def test_all(self):
+        """Run every test net (stopping early if a stop was requested)."""
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
@@ -237,28 +346,44 @@ class Solver:
         """Run test net ``test_net_id`` for its ``test_iter`` batches and log mean outputs.
 
         Returns:
-            dict output name -> list of float32 means (one per element of the output blob).
+            dict output name -> float32 array of means (one per element of the output blob),
+            or None when a stop was requested during the test.
         """
         p = self.param
         logger.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
         net = self.test_nets[test_net_id]
         net.share_trained_layers_with(self.net)
         n = p.test_iter[test_net_id]
+        start_state = resume.net_state(net, warn=False) if self.exact_resume else None
         sums = None
         loss = f32(0)
         for i in range(n):
+            request = self.get_requested_action()
+            while request != SolverAction.NONE:
+                if request == SolverAction.SNAPSHOT:
+                    self.snapshot()
+                elif request == SolverAction.STOP:
+                    self.requested_early_exit = True
+                request = self.get_requested_action()
+            if self.requested_early_exit:
+                break
             iter_loss = net.forward_loss()
             if p.test_compute_loss:
                 loss += iter_loss
-            vals = {name: numpy.asarray(net.blobs[name].data, dtype=f32).ravel().copy()
+            vals = {name: backend.to_numpy(net.blobs[name].data).astype(f32).ravel()
                     for name in net.outputs}
             if sums is None:
                 sums = vals
             else:
                 for name in sums:
                     sums[name] += vals[name]
+        if self.requested_early_exit:
+            logger.info("Test interrupted.")
+            if start_state is not None:  # the resumed run repeats this test from its start
+                resume.set_net_state(net, start_state, f"test net #{test_net_id}")
+            return None
         if p.test_compute_loss:
-            logger.info("Test loss: %s", g(loss / f32(n)))
+            logger.info("Test loss: %s", g(f32(loss / f32(n))))
         means = {name: (s / f32(n)).astype(f32) for name, s in (sums or {}).items()}
         self._log_outputs(net, "Test", means)
         return means
@@ -268,22 +393,64 @@ class Solver:
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
 
     def snapshot(self):
-        """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (atomically)."""
-        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            raise CaffeError("solver: snapshot_format HDF5 is not supported yet; use BINARYPROTO")
-        model_filename = self.snapshot_filename(".caffemodel")
-        logger.info("Snapshotting to binary proto file %s", model_filename)
-        self.net.save(model_filename, self.param.snapshot_diff)
-        self.snapshot_state(model_filename)
+        """Write the weights and the solver state (atomically), in ``snapshot_format``.
 
-    def restore(self, state_file):
-        """Restore iter, lr step, history and (via ``learned_net``) weights from a .solverstate."""
+        BINARYPROTO: ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate``; HDF5:
+        ``.caffemodel.h5`` and ``.solverstate.h5``. With :attr:`exact_resume` also the solver
+        state's ``.resume`` side file.
+        """
+        fmt = self.param.snapshot_format
+        if fmt == caffe_pb2.SolverParameter.HDF5:
+            from ..io.hdf5_snapshot import save_net_hdf5
+            model_filename = self.snapshot_filename(".caffemodel.h5")
+            logger.info("Snapshotting to HDF5 file %s", model_filename)
+            save_net_hdf5(self.net, model_filename, self.param.snapshot_diff)
+        elif fmt == caffe_pb2.SolverParameter.BINARYPROTO:
+            model_filename = self.snapshot_filename(".caffemodel")
+            logger.info("Snapshotting to binary proto file %s", model_filename)
+            self.net.save(model_filename, self.param.snapshot_diff)
+        else:
+            raise CaffeError("solver: Unsupported snapshot format.")
+        state_filename = self.snapshot_state(model_filename)
+        if self.exact_resume:
+            side = resume.side_file(state_filename)
+            logger.info("Snapshotting data cursors and random streams to %s", side)
+            resume.write(side, resume.capture(self))
+
+    def restore(self, state_file, exact_resume=None):
+        """Restore iter, lr step, history and (via ``learned_net``) weights from a solver state.
+
+        A name ending in ``.h5`` is read as an HDF5 solver state, anything else as a binary
+        ``.solverstate`` (as Caffe's Solver::Restore). With ``exact_resume`` (default: the
+        :attr:`exact_resume` attribute) the ``.resume`` side file is applied too.
+
+        Raises:
+            CaffeError: unreadable or malformed state, weights that do not fit, history of the
+                wrong length or shape, a missing or foreign side file.
+        """
+        state_file = str(state_file)
+        if exact_resume is None:
+            exact_resume = self.exact_resume
         if state_file.endswith(".h5"):
-            raise CaffeError(f"{state_file}: HDF5 solver states are not supported yet")
-        state = pio.read_binary(state_file, caffe_pb2.SolverState(), "solverstate")
-        self.iter = state.iter
-        if state.learned_net:
-            self.net.copy_from(state.learned_net)
-        self.current_step = state.current_step
-        self.lr_state["current_step"] = state.current_step
-        self.restore_state(state)
+            from ..io.hdf5_snapshot import load_solver_state_hdf5
+            state = load_solver_state_hdf5(state_file)
+            self.iter = state["iter"]
+            if state["learned_net"]:
+                copy_trained_layers(self.net, state["learned_net"])
+            self._set_current_step(state["current_step"])
+            self.restore_state(state["history"], log=False)
+        else:
+            state = pio.read_binary(state_file, caffe_pb2.SolverState(), "solverstate")
+            self.iter = state.iter
+            if state.HasField("learned_net"):
+                copy_trained_layers(self.net, state.learned_net)
+            self._set_current_step(state.current_step)
+            self.restore_state(list(state.history), log=True)
+        if exact_resume:
+            side = resume.side_file(state_file)
+            logger.info("Restoring data cursors and random streams from %s", side)
+            resume.apply(self, resume.read(side))
+
+    def _set_current_step(self, step):
+        self.current_step = step
+        self.lr_state["current_step"] = step

@@ -1,0 +1,239 @@
+"""Resuming: Caffe's ``--snapshot`` (weights, history, iter, lr step; cursors and random stream
+restart) and the engine's ``--exact_resume`` (also cursors and random streams, so that N
+iterations straight equal N/2 + stop + resume bit for bit, for every solver type)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caffe_engine.errors import CaffeError
+from caffe_engine.io import prototxt as pio
+from caffe_engine.layers import layer_type_list
+from caffe_engine.proto import caffe_pb2
+from caffe_engine.solvers import SOLVERS, SolverAction, get_solver
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist_5k"
+HAS_DROPOUT = "Dropout" in layer_type_list()
+
+
+def tiny_net(dropout=HAS_DROPOUT):
+    """MNIST through one InnerProduct: random crops and mirrors (the transformer's stream), an
+    optional Dropout (the global stream), and a TEST net with its own cursor."""
+    drop = ('layer { name: "drop" type: "Dropout" bottom: "ip" top: "ip" '
+            "dropout_param { dropout_ratio: 0.3 } }\n") if dropout else ""
+    return f"""name: "tiny"
+layer {{ name: "mnist" type: "Data" top: "data" top: "label" include {{ phase: TRAIN }}
+  transform_param {{ scale: 0.00390625 crop_size: 24 mirror: true }}
+  data_param {{ source: "{DATA}/mnist_train_lmdb" batch_size: 16 backend: LMDB }} }}
+layer {{ name: "mnist" type: "Data" top: "data" top: "label" include {{ phase: TEST }}
+  transform_param {{ scale: 0.00390625 crop_size: 24 }}
+  data_param {{ source: "{DATA}/mnist_test_lmdb" batch_size: 50 backend: LMDB }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  param {{ lr_mult: 1 }} param {{ lr_mult: 2 }}
+  inner_product_param {{ num_output: 10 weight_filler {{ type: "xavier" }} }} }}
+{drop}layer {{ name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
+  include {{ phase: TEST }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+HYPER = {"SGD": "momentum: 0.9", "Nesterov": "momentum: 0.9", "AdaGrad": "", "RMSProp": "rms_decay: 0.9",
+         "AdaDelta": "momentum: 0.95", "Adam": "momentum: 0.9 momentum2: 0.999"}
+
+
+def tiny_solver(folder, kind="SGD", max_iter=12, extra=""):
+    """Write net.prototxt and solver.prototxt into ``folder``; returns the solver path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "net.prototxt").write_text(tiny_net())
+    base_lr = 0.5 if kind == "AdaDelta" else 0.01
+    (folder / "solver.prototxt").write_text(
+        f'net: "net.prototxt"\ntype: "{kind}"\n{HYPER[kind]}\nbase_lr: {base_lr}\n'
+        f'lr_policy: "step"\ngamma: 0.5\nstepsize: 5\nweight_decay: 0.0005\n'
+        f"test_iter: 2\ntest_interval: 4\ndisplay: 1\naverage_loss: 3\nmax_iter: {max_iter}\n"
+        f'snapshot_prefix: "tiny"\nrandom_seed: 77\nsolver_mode: CPU\n{extra}')
+    return folder / "solver.prototxt"
+
+
+def losses(records):
+    return {int(m.group(1)): m.group(2) for r in records
+            for m in [re.match(r"Iteration (\d+)(?: \(.*\))?, loss = (\S+)", r.getMessage())] if m}
+
+
+def train_split(folder, kind, stop_at, exact, caplog, fmt=""):
+    """Train to ``stop_at``, stop, then resume (exactly or as Caffe) to the end."""
+    tiny_solver(folder, kind, extra=fmt)
+    os.chdir(folder)
+    first = get_solver("solver.prototxt")
+    first.exact_resume = exact
+    first.action_request_function = lambda: SolverAction.STOP if first.iter == stop_at else SolverAction.NONE
+    first.solve()
+    assert first.iter == stop_at and first.requested_early_exit
+    caplog.clear()
+    second = get_solver("solver.prototxt")
+    second.exact_resume = exact
+    ext = ".solverstate.h5" if fmt else ".solverstate"
+    second.restore(f"tiny_iter_{stop_at}{ext}")
+    second.solve()
+    return second, losses(caplog.records)
+
+
+def files(folder, pattern):
+    return {p.name: p.read_bytes() for p in Path(folder).glob(pattern)}
+
+
+@pytest.fixture
+def cwd_back():
+    here = os.getcwd()
+    yield
+    os.chdir(here)
+
+
+@pytest.mark.parametrize("kind", sorted(SOLVERS))
+def test_exact_resume_equals_the_uninterrupted_run(kind, tmp_path, caplog, cwd_back):
+    caplog.set_level("INFO", logger="caffe_engine")
+    tiny_solver(tmp_path / "straight", kind)
+    os.chdir(tmp_path / "straight")
+    get_solver("solver.prototxt").solve()
+    straight_losses = losses(caplog.records)
+    _, resumed_losses = train_split(tmp_path / "split", kind, 6, True, caplog)
+    a, b = files(tmp_path / "straight", "tiny_iter_12.*"), files(tmp_path / "split", "tiny_iter_12.*")
+    assert sorted(a) == ["tiny_iter_12.caffemodel", "tiny_iter_12.solverstate"]
+    b.pop("tiny_iter_12.solverstate.resume")
+    assert a == b, "the resumed run's final snapshot differs from the uninterrupted run's"
+    # The printed (smoothed) losses continue too.
+    assert {i: v for i, v in straight_losses.items() if i >= 6} == resumed_losses
+
+
+def test_stop_during_a_test_then_exact_resume_repeats_that_test(tmp_path, caplog, cwd_back):
+    caplog.set_level("INFO", logger="caffe_engine")
+    tiny_solver(tmp_path / "straight", "SGD")
+    os.chdir(tmp_path / "straight")
+    get_solver("solver.prototxt").solve()
+    straight_tests = [r.getMessage() for r in caplog.records if "Test net output" in r.getMessage()]
+    tiny_solver(tmp_path / "split", "SGD")
+    os.chdir(tmp_path / "split")
+    first = get_solver("solver.prototxt")
+    first.exact_resume = True
+    calls = []
+
+    def stop_in_second_test_batch():  # asked after update 3 -> 4, then before each test batch
+        calls.append(first.iter)
+        return SolverAction.STOP if calls.count(4) == 3 else SolverAction.NONE
+    first.action_request_function = stop_in_second_test_batch
+    caplog.clear()
+    first.solve()
+    assert "Test interrupted." in caplog.text and first.iter == 4
+    before = [r.getMessage() for r in caplog.records if "Test net output" in r.getMessage()]
+    second = get_solver("solver.prototxt")
+    second.exact_resume = True
+    second.restore("tiny_iter_4.solverstate")
+    caplog.clear()
+    second.solve()
+    after = [r.getMessage() for r in caplog.records if "Test net output" in r.getMessage()]
+    assert before + after == straight_tests
+    assert (tmp_path / "split" / "tiny_iter_12.caffemodel").read_bytes() == \
+        (tmp_path / "straight" / "tiny_iter_12.caffemodel").read_bytes()
+
+
+def test_caffe_resume_restarts_cursors_and_stream(tmp_path, caplog, cwd_back):
+    caplog.set_level("INFO", logger="caffe_engine")
+    tiny_solver(tmp_path / "straight", "SGD")
+    os.chdir(tmp_path / "straight")
+    get_solver("solver.prototxt").solve()
+    straight = files(tmp_path / "straight", "tiny_iter_12.caffemodel")
+    solver, _ = train_split(tmp_path / "split", "SGD", 6, False, caplog)
+    assert files(tmp_path / "split", "tiny_iter_12.caffemodel") != straight
+    assert not list((tmp_path / "split").glob("*.resume"))
+    # Caffe's resume: the cursor restarted at record 0 (6 batches of 16 + 1 final forward).
+    assert solver.net.layers[0].cursor.offset == 16 * 7
+
+
+def test_side_file_keeps_the_solverstate_caffes(tmp_path, caplog, cwd_back):
+    train_split(tmp_path, "Adam", 6, True, caplog)
+    state = pio.read_binary("tiny_iter_6.solverstate", caffe_pb2.SolverState())
+    assert [f.name for f, _ in state.ListFields()] == ["iter", "learned_net", "history", "current_step"]
+    side = json.loads(Path("tiny_iter_6.solverstate.resume").read_text())
+    assert side["version"] == 1 and side["iter"] == 6
+    assert [e["name"] for e in side["train_net"]][0] == "mnist"
+    assert side["train_net"][0]["state"]["cursor"]["offset"] == 6 * 16
+    assert side["test_nets"][0][0]["state"]["cursor"]["offset"] == 2 * 50 * 2  # tests at 0 and 4
+    assert not list(Path(".").glob(".tmp-*"))
+
+
+def test_exact_resume_with_hdf5_snapshots(tmp_path, caplog, cwd_back):
+    pytest.importorskip("h5py")
+    tiny_solver(tmp_path / "straight", "Nesterov", extra="snapshot_format: HDF5\n")
+    os.chdir(tmp_path / "straight")
+    get_solver("solver.prototxt").solve()
+    train_split(tmp_path / "split", "Nesterov", 6, True, caplog, fmt="snapshot_format: HDF5\n")
+    assert (tmp_path / "split" / "tiny_iter_6.solverstate.h5.resume").exists()
+    from caffe_engine.net import Net
+    weights = []
+    for where in ("straight", "split"):
+        net = Net(str(tmp_path / where / "net.prototxt"), caffe_pb2.TEST)
+        from caffe_engine.io.hdf5_weights import load_hdf5_weights
+        load_hdf5_weights(net, str(tmp_path / where / "tiny_iter_12.caffemodel.h5"))
+        weights.append(np.array(net.params["ip"][0].data))
+    assert np.array_equal(*weights)
+
+
+def test_missing_or_foreign_side_file_is_one_line_error(tmp_path, caplog, cwd_back):
+    train_split(tmp_path, "SGD", 6, False, caplog)
+    solver = get_solver("solver.prototxt")
+    with pytest.raises(CaffeError, match=r"tiny_iter_6\.solverstate\.resume.*--exact_resume"):
+        solver.restore("tiny_iter_6.solverstate", exact_resume=True)
+    Path("tiny_iter_6.solverstate.resume").write_text(json.dumps({"version": 99}))
+    with pytest.raises(CaffeError, match="unknown format"):
+        get_solver("solver.prototxt").restore("tiny_iter_6.solverstate", exact_resume=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Through the command line, with a real SIGINT stopping the first run at an arbitrary iteration.
+# ------------------------------------------------------------------------------------------------
+def caffe(folder, *args):
+    return subprocess.Popen([sys.executable, "-m", "caffe_engine", "train", *args], cwd=folder,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def wait_for(proc, pattern):
+    """Read the log until a line matches ``pattern``; returns the lines read."""
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    raise AssertionError("pattern not seen: " + pattern + "\n" + "".join(lines[-20:]))
+
+
+def test_cli_sigint_then_exact_resume_equals_straight_run(tmp_path):
+    n = 200
+    tiny_solver(tmp_path / "straight", "RMSProp", max_iter=n, extra="display: 25\n")
+    r = subprocess.run([sys.executable, "-m", "caffe_engine", "train", "--solver=solver.prototxt"],
+                       cwd=tmp_path / "straight", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    split = tmp_path / "split"
+    tiny_solver(split, "RMSProp", max_iter=n, extra="display: 25\n")
+    proc = caffe(split, "--solver=solver.prototxt", "--exact_resume")
+    wait_for(proc, r"Iteration 25 \(")
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, rest[-2000:]
+    assert "Optimization stopped early." in rest
+    stop = int(re.search(r"Snapshotting solver state to binary proto file tiny_iter_(\d+)\.solverstate", rest).group(1))
+    assert 25 < stop < n
+    assert (split / f"tiny_iter_{stop}.solverstate.resume").exists()
+    r = subprocess.run([sys.executable, "-m", "caffe_engine", "train", "--solver=solver.prototxt",
+                        f"--snapshot=tiny_iter_{stop}.solverstate", "--exact_resume"],
+                       cwd=split, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Restoring data cursors and random streams from" in r.stderr
+    for ext in (".caffemodel", ".solverstate"):
+        assert (split / f"tiny_iter_{n}{ext}").read_bytes() == \
+            (tmp_path / "straight" / f"tiny_iter_{n}{ext}").read_bytes()
