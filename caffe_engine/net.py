@@ -35,18 +35,33 @@ TEST = caffe_pb2.TEST
 # NetParameter normalisation: pure functions
 # --------------------------------------------------------------------------------------------
 def state_meets_rule(state, rule, layer_name=""):
-    """Whether NetState ``state`` satisfies NetStateRule ``rule`` (Caffe's StateMeetsRule)."""
+    """Whether NetState ``state`` satisfies NetStateRule ``rule`` (Caffe's StateMeetsRule).
+
+    Logs Caffe's reason when it does not.
+    """
     if rule.HasField("phase") and rule.phase != state.phase:
+        logger.info("The NetState phase (%d) differed from the phase (%d) specified by a rule "
+                    "in layer %s", state.phase, rule.phase, layer_name)
         return False
     if rule.HasField("min_level") and state.level < rule.min_level:
+        logger.info("The NetState level (%d) is below the min_level (%d) specified by a rule "
+                    "in layer %s", state.level, rule.min_level, layer_name)
         return False
     if rule.HasField("max_level") and state.level > rule.max_level:
+        logger.info("The NetState level (%d) is above the max_level (%d) specified by a rule "
+                    "in layer %s", state.level, rule.max_level, layer_name)
         return False
     stages = set(state.stage)
-    if any(s not in stages for s in rule.stage):
-        return False
-    if any(s in stages for s in rule.not_stage):
-        return False
+    for s in rule.stage:
+        if s not in stages:
+            logger.info("The NetState did not contain stage '%s' specified by a rule in layer %s",
+                        s, layer_name)
+            return False
+    for s in rule.not_stage:
+        if s in stages:
+            logger.info("The NetState contained a not_stage '%s' specified by a rule in layer %s",
+                        s, layer_name)
+            return False
     return True
 
 
@@ -66,13 +81,11 @@ def filter_net(param, state):
         if len(layer.include) and len(layer.exclude):
             raise CaffeError(f"layer '{layer.name}' specifies both include and exclude rules")
         if len(layer.include):
-            keep = any(state_meets_rule(state, r) for r in layer.include)
+            keep = any(state_meets_rule(state, r, layer.name) for r in layer.include)
         else:
-            keep = not any(state_meets_rule(state, r) for r in layer.exclude)
+            keep = not any(state_meets_rule(state, r, layer.name) for r in layer.exclude)
         if keep:
             out.layer.add().CopyFrom(layer)
-        else:
-            logger.info("The NetState did not meet the rules of layer %s; skipping it", layer.name)
     return out
 
 
@@ -430,7 +443,7 @@ class Net:
             for j, blob in enumerate(top):
                 if layer.loss(j):
                     xp = backend.get_array_module(blob.data)
-                    loss += numpy.float32(xp.vdot(blob.data.ravel(), blob.diff.ravel()))
+                    loss += numpy.float32(float(xp.vdot(blob.data.ravel(), blob.diff.ravel())))
         return loss
 
     def backward_from_to(self, start=None, end=0):
@@ -499,7 +512,7 @@ class Net:
             if i is None:
                 logger.info("Ignoring source layer %s", src.name)
                 continue
-            logger.info("Copying source layer %s Type:%s #blobs=%d", src.name, src.type, len(src.blobs))
+            logger.debug("Copying source layer %s Type:%s #blobs=%d", src.name, src.type, len(src.blobs))
             target = self.layers[i].blobs
             if len(src.blobs) != len(target):
                 raise CaffeError(f"{where}: Incompatible number of blobs for layer {src.name} "
