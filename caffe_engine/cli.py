@@ -10,6 +10,13 @@ one line ``caffe: ...`` on stderr with exit status 1 — never a traceback.
 restart as in a fresh process), SIGINT/SIGHUP act as ``--sigint_effect`` (default stop) and
 ``--sighup_effect`` (default snapshot) say. ``--exact_resume`` (not in Caffe) also saves and
 restores the data cursors and random streams (see ``solvers/resume.py``).
+
+Data-parallel training (FireCaffe; not in Caffe's tool, which used ``--gpu 0,1,..`` threads):
+``mpiexec -n P caffe train --solver S`` runs one solver per process; ``--comm`` picks the
+gradient allreduce (tree, ring, ps, mpi, nccl; default tree), ``--bucket_mb`` the gradient
+bucket size (default 25) and ``--debug_sync`` checks after every update that all ranks hold
+bitwise identical weights. A failure on one rank ends every rank (``comm/distributed.py``).
+Without a launcher, or with one process, training is exactly the one-process run.
 """
 import sys
 import time
@@ -55,6 +62,12 @@ commands:
       snapshot, stop or none.) type: string default: "stop"
     -sighup_effect (Optional; action to take when a SIGHUP signal is received:
       snapshot, stop or none.) type: string default: "snapshot"
+    -comm (Not in Caffe; under mpiexec, the gradient allreduce: tree, ring, ps,
+      mpi or nccl.) type: string default: "tree"
+    -bucket_mb (Not in Caffe; under mpiexec, the gradient bucket size in MiB.)
+      type: double default: 25
+    -debug_sync (Not in Caffe; under mpiexec, check after every update that all
+      ranks hold identical weights.) type: bool default: false
 """
 
 FLAGS = {
@@ -70,6 +83,9 @@ FLAGS = {
     "gpu": (str, ""),
     "sigint_effect": (str, "stop"),
     "sighup_effect": (str, "snapshot"),
+    "comm": (str, "tree"),
+    "bucket_mb": (float, 25.0),
+    "debug_sync": (bool, False),
 }
 
 _BOOL_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
@@ -168,7 +184,32 @@ def _use_gpu(device):
 
 
 def train(flags):
-    """``caffe train``: build the solver, restore or finetune, and solve (tools/caffe.cpp)."""
+    """``caffe train``: build the solver, restore or finetune, and solve (tools/caffe.cpp).
+
+    Under ``mpiexec -n P`` (P > 1) every process is one data-parallel solver (see the module
+    docstring); a failure on any rank aborts them all.
+
+    Raises:
+        CaffeError: unknown ``--comm`` (one line), and whatever training raises.
+    """
+    from .comm import distributed
+    from .comm.communicator import ALGORITHMS
+    if flags["comm"] not in ALGORITHMS:
+        raise CaffeError(f"--comm: unknown communicator '{flags['comm']}' "
+                         f"(known: {', '.join(ALGORITHMS)})")
+    ctx = distributed.init(flags["comm"])
+    if ctx.size == 1:
+        return _train(flags, None)
+    if not ctx.is_root:  # rank 0 alone logs; the others report warnings and errors only
+        import logging
+        logger.setLevel(logging.WARNING)
+    with distributed.guard(ctx):
+        status = _train(flags, ctx)
+        ctx.comm.close()
+    return status
+
+
+def _train(flags, ctx):
     from .io import prototxt as pio
     from .proto import caffe_pb2
     from .solvers import get_solver
@@ -195,6 +236,8 @@ def train(flags):
         logger.info("Use CPU.")
         backend.set_mode_cpu()
     else:
+        if ctx is not None and len(gpus) > 1:  # one device per rank, round robin
+            gpus = [gpus[ctx.rank % len(gpus)]]
         if len(gpus) > 1:
             raise CaffeError(f"--gpu={gpu}: several GPUs in one process are not supported; "
                              "run one process per GPU under mpiexec")
@@ -211,7 +254,11 @@ def train(flags):
         param.ClearField("weights")
         param.weights.append(flags["weights"])
     with handler:
-        solver = get_solver(param)
+        if ctx is None:
+            solver = get_solver(param)
+        else:
+            solver = get_solver(param, comm=ctx.comm, bucket_mb=flags["bucket_mb"],
+                                debug_sync=flags["debug_sync"])
         solver.exact_resume = flags["exact_resume"]
         solver.action_request_function = handler.check_for_signals
         if flags["snapshot"]:

@@ -8,6 +8,16 @@ word, so log parsers work.
 Requests from outside (``caffe train``'s SIGINT/SIGHUP handling) reach the loop through
 ``action_request_function``, a callable returning one of :class:`SolverAction`'s values: it is
 asked after every update and before every test batch, as Caffe's ``GetRequestedAction``.
+
+Data parallelism (FireCaffe / Caffe's multi-GPU scheme, one process per rank under ``mpiexec``):
+give the solver a communicator of size > 1 (``comm=``). Each rank then seeds with
+``random_seed + rank``, checks that every rank has the same solver parameters, takes rank 0's
+initial weights, reads only the training records i with i % P == rank, and averages the
+gradients over the ranks after the last ``iter_size`` pass, before the update (Caffe's
+``on_gradients_ready``), through :class:`~caffe_engine.comm.buckets.GradientSync` hooked on the
+train net's per-layer after-backward callback. Rank 0 alone logs the display lines, tests and
+snapshots (the others wait at a barrier); its requested actions (signals) are followed by all.
+With one process nothing of this runs. Caffe: src/caffe/parallel.cpp, solver.cpp.
 """
 import os
 import time
@@ -82,17 +92,27 @@ class Solver:
 
     type = None
 
-    def __init__(self, param):
+    def __init__(self, param, comm=None, bucket_mb=25.0, debug_sync=False):
         if not isinstance(param, caffe_pb2.SolverParameter):
             param = pio.read_solver_param(str(param))
         self.param = param
+        self.comm = comm if comm is not None and comm.size > 1 else None
+        self.rank = self.comm.rank if self.comm is not None else 0
+        self.solver_count = self.comm.size if self.comm is not None else 1
+        self.debug_sync = bool(debug_sync)
+        self.grad_sync = None
         logger.info("Initializing solver from parameters: \n%s", param)
         if param.average_loss < 1:
             raise CaffeError("solver: average_loss should be non-negative (at least 1).")
         if param.iter_size < 1:
             raise CaffeError("solver: iter_size must be at least 1")
         self._check_snapshot_prefix()
-        if param.random_seed >= 0:
+        if self.comm is not None:
+            self._check_same_config()
+            if param.random_seed >= 0:
+                from ..comm import distributed
+                rng.set_random_seed(distributed.rank_seed(param.random_seed, self.rank))
+        elif param.random_seed >= 0:
             rng.set_random_seed(param.random_seed)
         self.iter = 0
         self.current_step = 0
@@ -106,8 +126,51 @@ class Solver:
         self._pending_loss_window = None
         self.net = self._init_train_net()
         self.test_nets = self._init_test_nets()
+        if self.comm is not None:
+            self._init_data_parallel(bucket_mb)
         logger.info("Solver scaffolding done.")
         self.init_state()
+
+    # -- data parallelism -------------------------------------------------------------------
+    @property
+    def is_root(self):
+        """Whether this is the root solver (rank 0, or the only one): it logs, tests, snapshots."""
+        return self.rank == 0
+
+    def _check_same_config(self):
+        """Every rank must run the same solver (the device id may differ)."""
+        from ..comm import distributed
+        same = caffe_pb2.SolverParameter()
+        same.CopyFrom(self.param)
+        same.ClearField("device_id")
+        distributed.check_same_config(self.comm, solver=same)
+
+    def _init_data_parallel(self, bucket_mb):
+        """Rank 0's weights everywhere, records dealt out, the gradient buckets hooked on."""
+        from ..comm import distributed
+        from ..comm.buckets import GradientSync
+        distributed.check_same_config(self.comm, params=",".join(
+            str(tuple(b.shape)) for b in self.net.learnable_params))
+        distributed.broadcast_params(self.net, self.comm)
+        dealt = distributed.deal_records(self.net, self.rank, self.solver_count)
+        self.grad_sync = GradientSync(self.net, self.comm, bucket_mb=bucket_mb, op="mean")
+        self.net.add_after_backward(self.grad_sync.on_layer_backward_done)
+        logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB, "
+                    "records dealt to %s", self.rank, self.solver_count, self.comm.name,
+                    len(self.grad_sync.buckets), g(float(bucket_mb)), ", ".join(dealt) or "none")
+        if self.debug_sync:
+            distributed.check_params_in_sync(self.net, self.comm, iteration=0)
+
+    def _root_value(self, value):
+        """Rank 0's ``value`` on every rank (collective); ``value`` itself with one process."""
+        if self.comm is None:
+            return value
+        return self.comm.allgather_object(value)[0]
+
+    def _wait_for_root(self):
+        """Non-root ranks wait here while the root tests or snapshots (collective, no timeout)."""
+        if self.comm is not None:
+            self.comm.barrier(timeout=None)
 
     # -- construction ----------------------------------------------------------------------
     def _check_snapshot_prefix(self):
@@ -240,9 +303,14 @@ class Solver:
             self.restore(resume_file)
         self.step(self.param.max_iter - self.iter)
         p = self.param
+        if not self.is_root:  # the root snapshots, displays and tests the final weights
+            self._wait_for_root()
+            logger.info("Optimization Done.")
+            return
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
+            self._wait_for_root()
             logger.info("Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
@@ -251,6 +319,7 @@ class Solver:
             logger.info("Iteration %d, loss = %s", self.iter, g(self.smoothed_loss))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
+        self._wait_for_root()
         logger.info("Optimization Done.")
 
     def step(self, iters):
@@ -264,16 +333,24 @@ class Solver:
             self.net.clear_param_diffs()
             if (p.test_interval and self.iter % p.test_interval == 0
                     and (self.iter > 0 or p.test_initialization)):
-                self.test_all()
+                if self.is_root:
+                    self.test_all()
+                if self.comm is not None:
+                    self._wait_for_root()
+                    self.requested_early_exit = self._root_value(self.requested_early_exit)
                 if self.requested_early_exit:
                     break
             display = p.display and self.iter % p.display == 0
             loss = f32(0)
-            for _ in range(p.iter_size):
+            for k in range(p.iter_size):
+                if self.grad_sync is not None and k == p.iter_size - 1:
+                    self.grad_sync.begin()
                 loss += self.net.forward_backward()
+            if self.grad_sync is not None:
+                self.grad_sync.finish()
             loss = f32(loss / f32(p.iter_size))
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
-            if display:
+            if display and self.is_root:
                 now = time.perf_counter()
                 lapse = now - last_time
                 per_s = (self.iter - last_iter) / (lapse or 1.0)
@@ -283,9 +360,16 @@ class Solver:
                 self._log_outputs(self.net, "Train")
             self.apply_update()
             self.iter += 1
+            if self.debug_sync and self.comm is not None:
+                from ..comm import distributed
+                distributed.check_params_in_sync(self.net, self.comm, iteration=self.iter)
             request = self.get_requested_action()
+            if self.comm is not None and self.action_request_function is not None:
+                request = self._root_value(request)
             if (p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT:
-                self.snapshot()
+                if self.is_root:
+                    self.snapshot()
+                self._wait_for_root()
             if request == SolverAction.STOP:
                 self.requested_early_exit = True
                 break

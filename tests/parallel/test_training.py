@@ -1,0 +1,141 @@
+"""Data-parallel training through the solver (issue 6): P ranks with batch b follow the loss
+trajectory of one process with batch P*b on the same records, and every rank holds bitwise
+identical weights after every update.
+
+Runs under ``mpiexec -n K python -m pytest tests/parallel`` (K = 1..4, tests/parallel/run_all.sh)
+and with no launcher (size 1). Rank 0 writes one tiny LMDB that every rank reads (60 records,
+divisible by 1..4 and by every batch used here, so the dealt records line up with the big batch:
+rank r of P reads records r, r + P, ..., and the P ranks' batches at one iteration together are
+exactly the big batch of the one-process run).
+"""
+import shutil
+import tempfile
+
+import numpy
+import pytest
+from google.protobuf import text_format
+
+from caffe_engine import backend, cli
+from caffe_engine.comm import distributed
+from caffe_engine.io.lmdb_source import write_lmdb
+from caffe_engine.proto import caffe_pb2
+from caffe_engine.solvers import get_solver
+
+
+NUM_RECORDS = 60
+BATCH = 3
+
+NET = """
+name: "tiny_mlp"
+layer { name: "data" type: "Data" top: "data" top: "label"
+        include { phase: TRAIN }
+        transform_param { scale: 0.00390625 }
+        data_param { source: "%(source)s" batch_size: %(batch)d backend: LMDB } }
+layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
+        inner_product_param { num_output: 10 weight_filler { type: "xavier" }
+                              bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+SOLVER = """
+base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
+max_iter: 1000 display: 0 average_loss: 1 random_seed: 1701
+snapshot_after_train: false iter_size: %(iter_size)d
+"""
+
+
+def _size(world):
+    return 1 if world is None else world.Get_size()
+
+
+@pytest.fixture
+def source(world):
+    """An LMDB of NUM_RECORDS Datum records (1x4x4 bytes, label 0..2) written by rank 0 in a
+    folder every rank sees (the solvers' prototxts must be identical, source path included)."""
+    size = _size(world)
+    rank = 0 if world is None else world.Get_rank()
+    folder = tempfile.mkdtemp(prefix="caffe_parallel_train_") if rank == 0 else None
+    if size > 1:
+        folder = world.bcast(folder, root=0)
+    path = f"{folder}/train_lmdb"
+    if rank == 0:
+        r = numpy.random.default_rng(6)
+        items = []
+        for i in range(NUM_RECORDS):
+            label = int(r.integers(0, 3))
+            pixels = numpy.clip(r.normal(60 + 60 * label, 40, (1, 4, 4)), 0, 255)
+            datum = caffe_pb2.Datum(channels=1, height=4, width=4,
+                                    data=pixels.astype(numpy.uint8).tobytes(), label=label)
+            items.append((b"%08d" % i, datum.SerializeToString()))
+        write_lmdb(path, items)
+    if size > 1:
+        world.Barrier()
+    yield path
+    if size > 1:
+        world.Barrier()
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def solver_param(source, batch, iter_size=1):
+    param = text_format.Parse(SOLVER % {"iter_size": iter_size}, caffe_pb2.SolverParameter())
+    text_format.Parse(NET % {"source": source, "batch": batch}, param.net_param)
+    return param
+
+
+def weights(solver):
+    return [backend.to_numpy(b.data).copy() for b in solver.net.learnable_params]
+
+
+def test_p_ranks_match_one_process_with_p_times_the_batch(world, make, source):
+    size = _size(world)
+    iters = 50
+    # The reference: one process (no communicator), batch size * BATCH, on every rank.
+    ref = get_solver(solver_param(source, size * BATCH))
+    ref_losses = []
+    for _ in range(iters):
+        ref.step(1)
+        ref_losses.append(float(ref.smoothed_loss))
+    ref_weights = weights(ref)
+    # The data-parallel run: this rank's share of the records, batch BATCH.
+    comm = make("tree")
+    par = get_solver(solver_param(source, BATCH), comm=comm, bucket_mb=0.001)
+    assert par.solver_count == size
+    losses = []
+    for _ in range(iters):
+        par.step(1)
+        mine = float(par.smoothed_loss)
+        losses.append(numpy.mean(comm.allgather_object(mine)) if size > 1 else mine)
+    numpy.testing.assert_allclose(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    for got, want in zip(weights(par), ref_weights):
+        numpy.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+    # The loss went down: the comparison is not between two runs that did nothing.
+    assert numpy.mean(ref_losses[-10:]) < 0.8 * numpy.mean(ref_losses[:5])
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "ps"])
+def test_every_rank_holds_identical_weights_after_every_update(world, make, source, algorithm):
+    size = _size(world)
+    if size < 2:
+        pytest.skip("bitwise agreement between ranks needs at least 2 ranks (mpiexec -n K>=2)")
+    comm = make(algorithm)
+    # iter_size 2 and one bucket per param: the overlap path with accumulated gradients.
+    par = get_solver(solver_param(source, BATCH, iter_size=2), comm=comm, bucket_mb=0,
+                     debug_sync=True)
+    start = distributed.param_digests(par.net)
+    assert len(set(map(tuple, comm.allgather_object(start)))) == 1  # rank 0's weights everywhere
+    for it in range(20):
+        par.step(1)  # debug_sync raises on every rank if the weights differ
+        digests = comm.allgather_object(distributed.param_digests(par.net))
+        assert all(d == digests[0] for d in digests), f"iteration {it + 1}: {digests}"
+    assert distributed.param_digests(par.net) != start
+
+
+def test_cli_rejects_unknown_comm(capsys):
+    status = cli.main(["train", "--solver", "whatever.prototxt", "--comm", "carrier_pigeon"])
+    assert status == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "carrier_pigeon" in err[0] and err[0].startswith("caffe: ")
