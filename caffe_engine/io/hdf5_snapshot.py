@@ -17,13 +17,12 @@ Layouts, as Caffe writes them:
 Files are written to a temporary name in the target folder and renamed, so a reader never sees a
 half-written snapshot.
 """
-import os
-import tempfile
 
 import numpy
 
 from .. import backend
 from ..errors import CaffeError
+from .prototxt import write_atomic_with
 
 
 def _h5py():
@@ -32,26 +31,6 @@ def _h5py():
     except ImportError:  # pragma: no cover - h5py is a dependency
         raise CaffeError("HDF5 snapshots need the h5py package (pip install h5py)") from None
     return h5py
-
-
-def _write_atomic_path(path, write):
-    """``write(tmp)`` a file at a temporary name next to ``path``, then rename it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".h5", dir=folder)
-    except OSError as exc:
-        raise CaffeError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _save_string(f, name, value):
@@ -81,7 +60,7 @@ def save_net_hdf5(net, path, write_diff=False):
     The layout is :func:`caffe_engine.io.hdf5_weights.save_hdf5_weights`'s (see module doc).
     """
     from .hdf5_weights import save_hdf5_weights
-    _write_atomic_path(path, lambda tmp: save_hdf5_weights(net, tmp, write_diff))
+    write_atomic_with(path, lambda tmp: save_hdf5_weights(net, tmp, write_diff))
 
 
 def save_solver_state_hdf5(path, iteration, learned_net, current_step, history):
@@ -96,7 +75,7 @@ def save_solver_state_hdf5(path, iteration, learned_net, current_step, history):
     def write(tmp):
         with _h5py().File(tmp, "w") as f:
             fill(f)
-    _write_atomic_path(path, write)
+    write_atomic_with(path, write)
 
 
 def load_solver_state_hdf5(path):

@@ -79,22 +79,21 @@ def read_text_or_binary(path, msg, what="proto"):
             raise CaffeError(f"{path}: neither a text nor a binary {what}") from None
 
 
-def write_atomic(path, data):
-    """Write ``data`` (bytes) to ``path`` via a temporary file and rename: never half-written.
+def write_atomic_with(path, write, suffix=""):
+    """Have ``write(tmp_path)`` create the file at a temporary name beside ``path``, then rename
+    it onto ``path``: readers never see a half-written file, and a failure leaves none behind.
 
     Raises:
         CaffeError: the folder is missing or not writable.
     """
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
     except OSError as exc:
         raise CaffeError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -103,6 +102,16 @@ def write_atomic(path, data):
         except OSError:
             pass
         raise
+
+
+def write_atomic(path, data):
+    """Write ``data`` (bytes) to ``path`` atomically (see :func:`write_atomic_with`), synced to disk."""
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    write_atomic_with(path, write)
 
 
 def write_binary(path, msg):
