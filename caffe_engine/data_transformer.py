@@ -18,9 +18,10 @@ stream: ``mirror = word % 2`` (only when ``mirror``), then ``h_off = word % (H -
 ``w_off = word % (W - crop + 1)`` (only when cropping in TRAIN; TEST takes the centre,
 ``(H - crop) // 2``). An image is mirrored by reversing its columns after the crop.
 
-The arithmetic runs on NumPy, vectorised over the batch: the mean is subtracted from the whole
-uncropped batch, the crops and mirrors are one gather, the scale one multiply; elementwise this is
-exactly Caffe's per-pixel loop.
+The arithmetic runs on NumPy: without crop or mirror over the whole batch at once; with them image
+by image, each crop window (and its mean window) read as a slice and written through a
+column-reversed view when mirrored. Elementwise this is exactly Caffe's per-pixel loop
+``(x - mean) * scale`` in float32.
 """
 import logging
 
@@ -210,19 +211,29 @@ class DataTransformer:
         params = self.draw_params(n, h, w)
         self.last_params = params
 
-        values = batch.astype(numpy.float32)  # uint8 -> float32 is exact
-        if mean is not None:
-            values = values - mean
-        if out_h != h or out_w != w or params[:, 0].any():
-            rows = params[:, 1:2] + numpy.arange(out_h)                   # (N, H')
-            step = numpy.where(params[:, 0:1] == 1, -1, 1)                # mirrored: reversed
-            first = params[:, 2:3] + numpy.where(params[:, 0:1] == 1, out_w - 1, 0)
-            cols = first + step * numpy.arange(out_w)                     # (N, W')
-            values = values[numpy.arange(n)[:, None, None, None],
-                            numpy.arange(c)[None, :, None, None],
-                            rows[:, None, :, None], cols[:, None, None, :]]
-        values = values * self.scale
-        return numpy.ascontiguousarray(values, dtype=numpy.float32)
+        if out_h == h and out_w == w and not params[:, 0].any():
+            values = batch.astype(numpy.float32)  # uint8 -> float32 is exact
+            if mean is not None:
+                values -= mean
+            if self.scale != 1:
+                values *= self.scale
+            return values
+        # Crop and/or mirror: image by image, straight from the raw records into the output
+        # (a mirrored image is written through a column-reversed view of its output slot).
+        out = numpy.empty((n, c, out_h, out_w), numpy.float32)
+        full_mean = mean is not None and mean.shape[1:] != (1, 1)
+        for i in range(n):
+            mirror, h_off, w_off = (int(v) for v in params[i])
+            window = (slice(None), slice(h_off, h_off + out_h), slice(w_off, w_off + out_w))
+            dest = out[i, :, :, ::-1] if mirror else out[i]
+            if mean is None:
+                dest[...] = batch[i][window]
+            else:
+                numpy.subtract(batch[i][window], mean[window] if full_mean else mean, out=dest,
+                               dtype=numpy.float32)
+        if self.scale != 1:
+            out *= self.scale
+        return out
 
     def transform_datums(self, datums):
         """Transform a list of ``caffe_pb2.Datum`` records of one shape into (N, C, H', W') float32.

@@ -2,18 +2,30 @@
 """Training-speed benchmark: the engine beside PyTorch on the same nets, in the same run.
 
 For each net of ``models/`` (LeNet batch 64, cifar10_quick batch 100, NiN batch 128, the small
-inception net batch 32 at 112x112) this times full training iterations — Data layer reading an
+inception net batch 32 at 112x112 crops) and, on request, BVLC GoogLeNet (batch 32, 224x224
+crops, from ``../shared/realworld``), this times full training iterations — Data layer reading an
 LMDB and transforming, forward, backward, SGD update — after warm-up, and reports the median
-iterations/s, images/s, achieved GFLOP/s (FLOPs counted from the net's shapes: forward, backward
-to data and backward to weights of every Convolution and InnerProduct), the fraction of this
-machine's measured float32 GEMM peak, and the peak RSS. When PyTorch is installed (extra
-``bench``), the same nets are built in PyTorch from the same prototxt and timed too, with the
-same number of threads, and the ratio engine/PyTorch is printed per net.
+iterations/s, images/s, achieved GFLOP/s (FLOPs counted from the net's shapes: forward and
+backward to weights of every Convolution and InnerProduct, and backward to data where the net
+computes it), the fraction of this machine's measured float32 GEMM peak, and the peak RSS. When
+PyTorch is installed (extra ``bench``), the same nets are built in PyTorch from the same prototxt
+and timed too, with the same number of threads, and the ratio engine/PyTorch is printed per net.
+Where the issue gives BVLC Caffe's forward+backward time for the net on this kind of machine
+(``CAFFE_MS``), the speed-up over it is printed too.
 
-Each (framework, net) pair runs in its own subprocess so that peak RSS is its own.
+Each (framework, net) run is its own subprocess so that peak RSS is its own. ``--repeats R`` runs
+every pair R times, engine and PyTorch alternating, and reports the median of the runs' medians
+(and the spread) — on a shared machine compare ratios taken in one invocation.
 
-    python tools/bench_train.py [--nets lenet,cifar10_quick,nin,inception] [--iters 20] [--warmup 3]
-                                [--threads 2] [--no-torch] [--json out.json]
+``--set NAME=VALUE`` overrides a tuning constant of ``caffe_engine/layers/vision.py`` in the
+engine's runs (e.g. ``COPY_THREADS=1``, ``COL2IM_COST=-1e9``, ``POINTWISE_BATCHED_MIN=1e9``,
+``CHUNK_IMAGES=1000``) and ``--prefetch N`` sets every Data layer's ``data_param.prefetch``: the
+ablations of docs/performance.md.
+
+    python tools/bench_train.py [--nets lenet,cifar10_quick,nin,inception,googlenet]
+                                [--iters 20] [--warmup 3] [--repeats 1] [--threads 2]
+                                [--no-torch] [--json out.json] [--set NAME=VALUE ...]
+                                [--prefetch N]
 """
 import argparse
 import json
@@ -35,7 +47,17 @@ NETS = {
     "cifar10_quick": ("models/cifar10_quick/cifar10_quick_train_test.prototxt", (3, 32, 32)),
     "nin": ("models/nin_cifar10/nin_cifar10_train_test.prototxt", (3, 32, 32)),
     "inception": ("models/inception_small/inception_small_train_test.prototxt", (3, 128, 128)),
+    "googlenet": ("../shared/realworld/natanielruiz__net-archive/places205-googlenet/"
+                  "train_val_googlenet_places205.prototxt", (3, 256, 256)),
 }
+DEFAULT_NETS = ("lenet", "cifar10_quick", "nin", "inception")
+#: Classes of each net's last InnerProduct (the generated labels must fit).
+CLASSES = {"inception": 100, "googlenet": 205}
+#: Batch sizes set by the benchmark (GoogLeNet's prototxt says 128; the issue times 32).
+BATCH = {"googlenet": 32}
+#: BVLC Caffe's forward+backward ms per iteration on this kind of machine (2 cores), from the
+#: issue; the small inception net has no Caffe reference of its own.
+CAFFE_MS = {"lenet": 17.0, "cifar10_quick": 135.0, "nin": 2000.0, "googlenet": 3500.0}
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,33 +86,34 @@ def train_net_param(net, folder):
     from caffe_engine.io import prototxt as pio
     path, shape = NETS[net]
     param = pio.read_net_param(os.path.join(ROOT, path))
-    classes = 100 if net == "inception" else 10
-    source, mean = make_data(folder, shape, 256, classes)
+    source, mean = make_data(folder, shape, 256, CLASSES.get(net, 10))
     for layer in param.layer:
         if layer.type == "Data":
             layer.data_param.source = source
+            if net in BATCH:
+                layer.data_param.batch_size = BATCH[net]
             if layer.transform_param.mean_file:
                 layer.transform_param.mean_file = mean
     return param
 
 
 def count_flops(net):
-    """Training FLOPs per iteration of an engine Net: 3x the forward multiply-adds x 2."""
+    """Training FLOPs per iteration of an engine Net, 2 per multiply-add of every Convolution and
+    InnerProduct: forward, backward to the weights, and backward to the data where the net
+    computes it (not for a first layer fed by the Data layer)."""
     total = 0
-    for layer, bottoms, tops in zip(net.layers, net.bottom_vecs, net.top_vecs):
+    for layer, tops, need_down in zip(net.layers, net.top_vecs, net.bottom_need_backward):
         if layer.type in ("Convolution", "InnerProduct") and layer.blobs:
             weight = layer.blobs[0]
-            if layer.type == "Convolution":
-                out = tops[0]
-                macs = out.count * (weight.count // weight.shape[0])
-            else:
-                macs = tops[0].count * (weight.count // weight.shape[0])
-            total += 3 * 2 * macs
+            macs = tops[0].count * (weight.count // weight.shape[0])
+            total += (2 + any(need_down)) * 2 * macs
     return total
 
 
-def gemm_peak(threads, size=2048, reps=5):
-    """Median GFLOP/s of a float32 square matrix product on this machine."""
+def gemm_peak(threads, size=2048, reps=7):
+    """Float32 GEMM GFLOP/s of this machine: the best of ``reps`` 2048^3 products (the best,
+    because on a shared machine the slower ones measure the other processes). Run in a worker,
+    whose environment limits the BLAS to ``threads`` threads as for the nets."""
     a = numpy.random.rand(size, size).astype(numpy.float32)
     b = numpy.random.rand(size, size).astype(numpy.float32)
     a @ b
@@ -99,20 +122,30 @@ def gemm_peak(threads, size=2048, reps=5):
         t = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t)
-    return 2 * size ** 3 / statistics.median(times) / 1e9
+    return 2 * size ** 3 / min(times) / 1e9
 
 
 # --------------------------------------------------------------------------------------------
 # Workers (one subprocess each)
 # --------------------------------------------------------------------------------------------
-def worker_engine(net_name, iters, warmup):
+def worker_engine(net_name, iters, warmup, settings=(), prefetch=None):
     import logging
+    from caffe_engine.layers import vision
     from caffe_engine.log import logger
     from caffe_engine.proto import caffe_pb2
     from caffe_engine.solvers import get_solver
     logger.setLevel(logging.WARNING)
+    for setting in settings:
+        name, value = setting.split("=", 1)
+        if not hasattr(vision, name):
+            raise SystemExit(f"--set: caffe_engine.layers.vision has no {name}")
+        setattr(vision, name, None if value == "None" else type_of(value))
     with tempfile.TemporaryDirectory() as folder:
         param = train_net_param(net_name, folder)
+        if prefetch is not None:
+            for layer in param.layer:
+                if layer.type == "Data":
+                    layer.data_param.prefetch = prefetch
         solver_param = caffe_pb2.SolverParameter(
             base_lr=0.001, momentum=0.9, weight_decay=0.0005, lr_policy="fixed", max_iter=10 ** 6,
             display=0, snapshot_after_train=False, random_seed=1, snapshot_prefix=folder + "/s")
@@ -130,8 +163,14 @@ def worker_engine(net_name, iters, warmup):
     return {"times": times, "batch": batch, "flops": flops}
 
 
+def type_of(text):
+    """``"3"`` -> 3, ``"1e9"`` -> 1e9 (an int when whole: the constants are counts or costs)."""
+    value = float(text)
+    return int(value) if value.is_integer() and abs(value) < 2 ** 62 else value
+
+
 def torch_model(param):
-    """A torch.nn.Module computing the same TRAIN net as NetParameter ``param`` (subset of types)."""
+    """A torch.nn.Module computing the TRAIN net of NetParameter ``param`` (a subset of types)."""
     import torch
     from torch import nn
 
@@ -153,7 +192,8 @@ def torch_model(param):
                     k = p.kernel_size[0]
                     pad = p.pad[0] if p.pad else 0
                     stride = p.stride[0] if p.stride else 1
-                    self.mods[layer.name] = nn.LazyConv2d(p.num_output, k, stride, pad, groups=p.group)
+                    self.mods[layer.name] = nn.LazyConv2d(p.num_output, k, stride, pad,
+                                                          groups=p.group)
                 elif t == "InnerProduct":
                     self.mods[layer.name] = nn.LazyLinear(layer.inner_product_param.num_output)
                 elif t == "LRN":
@@ -165,7 +205,7 @@ def torch_model(param):
 
         def forward(self, data, label):
             blobs = {"data": data, "label": label}
-            loss = None
+            loss = 0
             for layer in self.ops:
                 t = layer.type
                 if t == "Data":
@@ -179,16 +219,21 @@ def torch_model(param):
                     y = torch.relu_(x) if layer.top[0] == layer.bottom[0] else torch.relu(x)
                 elif t == "Pooling":
                     p = layer.pooling_param
+                    pool = torch.nn.functional.max_pool2d if p.pool == 0 else \
+                        torch.nn.functional.avg_pool2d
                     if p.global_pooling:
-                        y = x.mean((2, 3), keepdim=True)
-                    elif p.pool == 0:
-                        y = torch.nn.functional.max_pool2d(x, p.kernel_size, p.stride, p.pad, ceil_mode=True)
+                        y = x.amax((2, 3), keepdim=True) if p.pool == 0 else \
+                            x.mean((2, 3), keepdim=True)
                     else:
-                        y = torch.nn.functional.avg_pool2d(x, p.kernel_size, p.stride, p.pad, ceil_mode=True)
+                        y = pool(x, p.kernel_size, p.stride, p.pad, ceil_mode=True)
                 elif t == "Concat":
                     y = torch.cat([blobs[b] for b in layer.bottom], 1)
                 elif t == "SoftmaxWithLoss":
-                    loss = torch.nn.functional.cross_entropy(x.flatten(1), blobs[layer.bottom[1]])
+                    weight = layer.loss_weight[0] if layer.loss_weight else 1.0
+                    loss = loss + weight * torch.nn.functional.cross_entropy(
+                        x.flatten(1), blobs[layer.bottom[1]])
+                    continue
+                elif t == "Accuracy":
                     continue
                 else:
                     raise NotImplementedError(t)
@@ -209,13 +254,14 @@ def worker_torch(net_name, iters, warmup, threads):
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
         param = train_net_param(net_name, folder)
-    data_layer = next(l for l in param.layer if l.type == "Data")
+    data_layer = next(l for l in param.layer if l.type == "Data"
+                      and not (l.include and l.include[0].phase != caffe_train()))
     batch = data_layer.data_param.batch_size
     shape = NETS[net_name][1]
     crop = data_layer.transform_param.crop_size
     if crop:
         shape = (shape[0], crop, crop)
-    classes = 100 if net_name == "inception" else 10
+    classes = CLASSES.get(net_name, 10)
     model = torch_model(param)
     data = torch.rand((batch,) + shape)
     label = torch.randint(0, classes, (batch,))
@@ -244,8 +290,13 @@ def worker_torch(net_name, iters, warmup, threads):
 def run_worker(kind, net, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--nets", net,
            "--iters", str(args.iters), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
-               MKL_NUM_THREADS=str(args.threads))
+    if kind == "engine":
+        cmd += [f"--set={s}" for s in args.set]
+        if args.prefetch is not None:
+            cmd += ["--prefetch", str(args.prefetch)]
+    threads = str(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
+               MKL_NUM_THREADS=threads)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.stderr.write(r.stderr[-2000:])
@@ -253,14 +304,25 @@ def run_worker(kind, net, args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def summarize(runs):
+    """Median iteration time of each run -> (median over runs, min, max) in seconds."""
+    medians = [statistics.median(r["times"]) for r in runs]
+    return statistics.median(medians), min(medians), max(medians)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default=",".join(NETS))
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--nets", default=",".join(DEFAULT_NETS),
+                        help=f"comma-separated, of: {', '.join(NETS)}")
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per (framework, net)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a constant of caffe_engine/layers/vision.py (engine runs)")
+    parser.add_argument("--prefetch", type=int, help="data_param.prefetch of every Data layer")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     nets = [n for n in args.nets.split(",") if n]
@@ -270,8 +332,10 @@ def main(argv=None):
 
     if args.worker:
         net = nets[0]
-        if args.worker == "engine":
-            out = worker_engine(net, args.iters, args.warmup)
+        if args.worker == "peak":
+            out = {"gflops": gemm_peak(args.threads)}
+        elif args.worker == "engine":
+            out = worker_engine(net, args.iters, args.warmup, args.set, args.prefetch)
         else:
             out = worker_torch(net, args.iters, args.warmup, args.threads)
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -285,29 +349,53 @@ def main(argv=None):
             have_torch = True
         except ImportError:
             print("PyTorch not installed: engine only (pip install -e '.[bench]')")
-    peak = gemm_peak(args.threads)
-    print(f"float32 GEMM peak (2048^3, {args.threads} threads): {peak:.0f} GFLOP/s")
-    header = (f"{'net':<14}{'batch':>6}{'it/s':>9}{'img/s':>9}{'GFLOP/s':>9}{'%peak':>7}"
-              f"{'RSS MB':>8}{'torch it/s':>11}{'torch RSS':>10}{'eng/torch':>10}")
+    peak = run_worker("peak", nets[0], args)["gflops"]
+    print(f"float32 GEMM peak (2048^3, {args.threads} threads): {peak:.0f} GFLOP/s; "
+          f"{args.warmup} warm-up + {args.iters} timed iterations per run, "
+          f"{args.repeats} run(s) each; medians"
+          + "".join(f"; {s}" for s in args.set)
+          + (f"; prefetch {args.prefetch}" if args.prefetch is not None else ""))
+    header = (f"{'net':<14}{'batch':>6}{'it/s':>9}{'ms/it':>9}{'img/s':>8}{'GFLOP/s':>9}"
+              f"{'%peak':>7}{'RSS MB':>8}{'torch it/s':>11}{'torch RSS':>10}{'eng/torch':>10}"
+              f"{'Caffe ms':>10}{'x Caffe':>9}")
     print(header)
     print("-" * len(header))
     results = {}
     for net in nets:
-        eng = run_worker("engine", net, args)
-        tor = run_worker("torch", net, args) if have_torch else None
-        if eng is None:
+        eng_runs, tor_runs = [], []
+        for _ in range(args.repeats):
+            eng = run_worker("engine", net, args)
+            if eng is not None:
+                eng_runs.append(eng)
+            if have_torch:
+                tor = run_worker("torch", net, args)
+                if tor is not None:
+                    tor_runs.append(tor)
+        if not eng_runs:
             print(f"{net:<14} engine run failed")
             continue
-        its = 1.0 / statistics.median(eng["times"])
+        eng = eng_runs[0]
+        sec, sec_lo, sec_hi = summarize(eng_runs)
+        its = 1.0 / sec
         gflops = eng["flops"] * its / 1e9
-        row = (f"{net:<14}{eng['batch']:>6}{its:>9.2f}{its * eng['batch']:>9.0f}{gflops:>9.1f}"
-               f"{100 * gflops / peak:>6.0f}%{eng['peak_rss_mb']:>8.0f}")
-        results[net] = {"engine": eng, "engine_its": its, "gflops": gflops, "peak": peak}
-        if tor:
-            t_its = 1.0 / statistics.median(tor["times"])
-            row += f"{t_its:>11.2f}{tor['peak_rss_mb']:>10.0f}{its / t_its:>10.2f}"
-            results[net].update(torch=tor, torch_its=t_its)
-        print(row)
+        rss = max(r["peak_rss_mb"] for r in eng_runs)
+        row = (f"{net:<14}{eng['batch']:>6}{its:>9.2f}{sec * 1e3:>9.1f}{its * eng['batch']:>8.0f}"
+               f"{gflops:>9.1f}{100 * gflops / peak:>6.0f}%{rss:>8.0f}")
+        results[net] = {"engine_runs": eng_runs, "engine_its": its, "engine_ms": sec * 1e3,
+                        "engine_ms_range": [sec_lo * 1e3, sec_hi * 1e3], "gflops": gflops,
+                        "peak": peak, "engine_rss_mb": rss, "batch": eng["batch"]}
+        if tor_runs:
+            t_sec, t_lo, t_hi = summarize(tor_runs)
+            t_rss = max(r["peak_rss_mb"] for r in tor_runs)
+            row += f"{1 / t_sec:>11.2f}{t_rss:>10.0f}{t_sec / sec:>10.2f}"
+            results[net].update(torch_runs=tor_runs, torch_its=1 / t_sec, torch_ms=t_sec * 1e3,
+                                torch_ms_range=[t_lo * 1e3, t_hi * 1e3], torch_rss_mb=t_rss)
+        else:
+            row += f"{'-':>11}{'-':>10}{'-':>10}"
+        if net in CAFFE_MS:
+            row += f"{CAFFE_MS[net]:>10.0f}{CAFFE_MS[net] / (sec * 1e3):>9.2f}"
+            results[net]["caffe_ms"] = CAFFE_MS[net]
+        print(row, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

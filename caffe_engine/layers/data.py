@@ -1,9 +1,24 @@
-"""Data layers: records from a database, transformed into batches.
+"""Data layers: records from a database, transformed into batches, loaded ahead by a thread.
 
 Caffe: src/caffe/layers/data_layer.cpp, base_data_layer.cpp, src/caffe/internal_thread.cpp.
+
+:class:`BatchPrefetcher` is Caffe's BasePrefetchingDataLayer thread: it calls the layer's
+``load_batch`` into a queue of ``data_param.prefetch`` batches (default 4) while the net computes,
+and ``forward`` takes the oldest. One thread loads the batches one after another, so the records,
+the transformer's random draws and the log lines come in exactly the order of loading on the
+caller's thread; log records the thread emits are held back with their batch and emitted when
+that batch is forwarded. Reading the layer's ``cursor`` or ``transformer`` (a snapshot, a test,
+a resume) first stops the thread and rewinds both to the first batch not yet forwarded, so what
+is observed is always the synchronous state. The thread holds only a weak reference to its
+layer, stops when the layer is collected or closed, and at interpreter exit.
 """
+import atexit
 import collections
+import copy
 import logging
+import queue
+import threading
+import weakref
 
 import numpy
 
@@ -18,6 +33,124 @@ logger = logging.getLogger("caffe_engine")
 
 #: One loaded batch: ``data`` float32 (N, C, H, W), ``label`` float32 (N,) or None.
 Batch = collections.namedtuple("Batch", ["data", "label"])
+
+
+# ------------------------------------------------------------------------------------------------
+# The prefetch thread
+# ------------------------------------------------------------------------------------------------
+_thread_local = threading.local()
+
+
+class _HoldOnPrefetchThread(logging.Filter):
+    """Keep records logged on a prefetch thread with the batch being loaded (see module doc)."""
+
+    def filter(self, record):
+        held = getattr(_thread_local, "held", None)
+        if held is None:
+            return True
+        held.append(record)
+        return False
+
+
+if not any(isinstance(f, _HoldOnPrefetchThread) for f in logger.filters):
+    logger.addFilter(_HoldOnPrefetchThread())
+
+#: One queue entry: the loaded batch (or the exception loading raised), the owner's state just
+#: before loading it (to rewind to), and the log records held back while loading it.
+_Loaded = collections.namedtuple("_Loaded", ["batch", "error", "state", "records"])
+
+_live_prefetchers = weakref.WeakSet()
+
+
+class BatchPrefetcher:
+    """A background thread that loads an owner's batches ahead into a bounded queue.
+
+    The owner provides ``_load_batch()`` (the next batch, advancing its state),
+    ``_prefetch_state()`` (a snapshot of that state) and ``_rewind(state)``. The thread keeps only a
+    weak reference to the owner between loads.
+
+    Args:
+        owner: the layer.
+        depth: most batches loaded ahead (Caffe's ``data_param.prefetch``), >= 1.
+        name: the thread's name.
+    """
+
+    def __init__(self, owner, depth, name):
+        self.queue = queue.Queue(maxsize=max(1, int(depth)))
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=BatchPrefetcher._run, name=name, daemon=True,
+                                       args=(weakref.ref(owner), self.queue, self.stop_event))
+        # When the owner is collected the thread ends by itself (weak reference); this also
+        # wakes it at once.
+        self._finalizer = weakref.finalize(owner, self.stop_event.set)
+        _live_prefetchers.add(self)
+        self.thread.start()
+
+    @staticmethod
+    def _run(ref, out, stop):
+        while not stop.is_set():
+            owner = ref()
+            if owner is None:
+                return
+            _thread_local.held = held = []
+            state = None
+            try:
+                state = owner._prefetch_state()
+                item = _Loaded(owner._load_batch(), None, state, held)
+            except BaseException as exc:  # handed to forward, which raises it
+                item = _Loaded(None, exc, state, held)
+            finally:
+                _thread_local.held = None
+            del owner
+            while True:
+                try:
+                    out.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    if stop.is_set() or ref() is None:
+                        return
+            if item.error is not None:
+                return
+
+    def get(self):
+        """The next loaded entry (blocks until the thread has loaded it)."""
+        while True:
+            try:
+                return self.queue.get(timeout=0.1)
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    try:
+                        return self.queue.get_nowait()
+                    except queue.Empty:
+                        raise RuntimeError(f"{self.thread.name} ended without a batch") from None
+
+    def stop(self):
+        """Stop the thread; return the entries it loaded that were not taken, oldest first."""
+        self.stop_event.set()
+        pending = []
+        while self.thread.is_alive():
+            try:
+                pending.append(self.queue.get(timeout=0.05))
+            except queue.Empty:
+                pass
+        self.thread.join()
+        self._finalizer.detach()
+        while True:
+            try:
+                pending.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        _live_prefetchers.discard(self)
+        return pending
+
+
+@atexit.register
+def _stop_all_prefetchers():
+    for prefetcher in list(_live_prefetchers):
+        prefetcher.stop_event.set()
+    for prefetcher in list(_live_prefetchers):
+        prefetcher.thread.join(timeout=5)
+
 
 # DataParameter's deprecated transformation fields, moved into transform_param as Caffe's
 # UpgradeNetDataTransformation does.
@@ -35,6 +168,8 @@ class DataLayer(Layer):
         data_param.source: the LMDB directory (relative to the working directory).
         data_param.batch_size: records per batch (required, > 0).
         data_param.backend: must be LMDB (the proto default, LEVELDB, is rejected).
+        data_param.prefetch: batches a background thread loads ahead (default 4, as Caffe);
+            0 loads each batch in ``forward`` on the caller's thread.
         data_param.rand_skip: deprecated in Caffe's DataLayer, which ignores it; ignored here too.
         data_param.scale / mean_file / crop_size / mirror: deprecated; moved into transform_param.
         transform_param: see :class:`~caffe_engine.data_transformer.DataTransformer`.
@@ -45,23 +180,29 @@ class DataLayer(Layer):
     (always). Nothing is drawn from the global stream afterwards.
 
     Each instance has its own cursor, so the TRAIN and TEST nets both start at the first record.
-    :meth:`load_batch` does all reading and transforming so that a prefetch thread can call it.
+    :meth:`load_batch` does all reading and transforming; the prefetch thread (started by the
+    first ``forward``) calls it ahead of time. Batches, records and random draws are exactly
+    those of loading in ``forward`` (see the module docstring for how ``cursor`` and
+    ``transformer`` stay exact when read).
 
     Attributes:
         solver_count, solver_rank: with several solvers each TRAIN instance keeps the records whose
             running offset ``% solver_count == solver_rank`` (Caffe's ``Skip``); default 1, 0.
         thread_seed: the word drawn for the prefetch thread's own stream.
+        cursor, transformer: the LMDB cursor and the DataTransformer, positioned after the
+            last batch forwarded.
 
     Raises:
         CaffeError naming the layer: backend not LMDB, missing/unreadable/empty source, batch_size
-        0, a bad record or transformation parameter.
+        0, a bad record or transformation parameter (from ``forward`` when prefetched).
 
-    Caffe: src/caffe/layers/data_layer.cpp
+    Caffe: src/caffe/layers/data_layer.cpp, base_data_layer.cpp
     """
 
     exact_num_bottom = 0
     min_top = 1
     max_top = 2
+    _prefetcher = None
 
     def __init__(self, param, phase):
         super().__init__(param, phase)
@@ -73,17 +214,81 @@ class DataLayer(Layer):
                              "(set backend: LMDB)")
         # Caffe opens the database in the layer's constructor ("Opened lmdb ..." precedes setup).
         try:
-            self.cursor = LMDBCursor(dp.source)
+            self._cursor = LMDBCursor(dp.source)
         except CaffeError as exc:
             raise self.error(f"data_param.source: {exc}") from None
         logger.info("Opened lmdb %s", dp.source)
         self.batch_size = int(dp.batch_size)
-        self.solver_count = 1
-        self.solver_rank = 0
+        self.prefetch = int(dp.prefetch)
+        self._solver_count = 1
+        self._solver_rank = 0
         self.output_labels = False
-        self.transformer = None
+        self._transformer = None
         self.thread_seed = None
 
+    # -- state the prefetch thread advances: reading it stops the thread and rewinds --------------
+    @property
+    def cursor(self):
+        self._sync()
+        return self._cursor
+
+    @cursor.setter
+    def cursor(self, value):
+        self._sync()
+        self._cursor = value
+
+    @property
+    def transformer(self):
+        self._sync()
+        return self._transformer
+
+    @transformer.setter
+    def transformer(self, value):
+        self._sync()
+        self._transformer = value
+
+    @property
+    def solver_count(self):
+        return self._solver_count
+
+    @solver_count.setter
+    def solver_count(self, value):
+        self._sync()
+        self._solver_count = value
+
+    @property
+    def solver_rank(self):
+        return self._solver_rank
+
+    @solver_rank.setter
+    def solver_rank(self, value):
+        self._sync()
+        self._solver_rank = value
+
+    def _sync(self):
+        """Stop prefetching and rewind to the first batch not yet forwarded (no-op without)."""
+        prefetcher = self._prefetcher
+        if prefetcher is None or threading.current_thread() is prefetcher.thread:
+            return
+        self._prefetcher = None
+        pending = prefetcher.stop()
+        if pending and pending[0].state is not None:
+            self._rewind(pending[0].state)
+
+    def _prefetch_state(self):
+        cursor, transformer = self._cursor, self._transformer
+        return (cursor.offset, cursor.key(), copy.deepcopy(transformer.rng),
+                transformer.last_params)
+
+    def _rewind(self, state):
+        offset, key, rng, last_params = state
+        if not self._cursor._cursor.set_key(key):
+            raise self.error(f"cannot rewind the prefetched cursor to record {key!r}")
+        self._cursor.offset = offset
+        self._transformer.rng = rng
+        self._transformer.last_params = last_params
+
+    # -- setup -----------------------------------------------------------------------------------
     def transform_param(self):
         """The layer's TransformationParameter, with deprecated data_param fields moved in."""
         tp = caffe_pb2.TransformationParameter()
@@ -97,18 +302,20 @@ class DataLayer(Layer):
     def layer_setup(self, bottom, top):
         if self.batch_size <= 0:
             raise self.error("data_param.batch_size must be positive")
+        self._sync()
         self.output_labels = len(top) > 1
         # BaseDataLayer::LayerSetUp: build the transformer, InitRand.
-        self.transformer = DataTransformer(self.transform_param(), self.phase, error=self.error)
-        self.transformer.init_rand()
+        self._transformer = DataTransformer(self.transform_param(), self.phase, error=self.error)
+        self._transformer.init_rand()
         # DataLayer::DataLayerSetUp: shape the tops from the first record.
-        shape = (self.batch_size,) + self.transformer.infer_shape(self._parse(self.cursor.value()))
+        shape = (self.batch_size,) + self._transformer.infer_shape(
+            self._parse(self._cursor.value()))
         top[0].reshape(shape)
         logger.info("output data size: %s", ",".join(str(d) for d in shape))
         if self.output_labels:
             top[1].reshape((self.batch_size,))
         # BasePrefetchingDataLayer::LayerSetUp: InitRand again, then the thread takes its seed.
-        self.transformer.init_rand()
+        self._transformer.init_rand()
         self.thread_seed = caffe_rng.get_rng().word()
 
     def reshape(self, bottom, top):
@@ -119,36 +326,60 @@ class DataLayer(Layer):
         try:
             datum.ParseFromString(raw)
         except Exception:  # google.protobuf.message.DecodeError
-            key = self.cursor.key().decode("utf-8", "replace")
-            raise self.error(f"record '{key}' of '{self.cursor.path}' is not a Datum") from None
+            key = self._cursor.key().decode("utf-8", "replace")
+            raise self.error(f"record '{key}' of '{self._cursor.path}' is not a Datum") from None
         return datum
 
     def _skip(self):
-        keep = (self.cursor.offset % self.solver_count == self.solver_rank
+        keep = (self._cursor.offset % self._solver_count == self._solver_rank
                 or self.phase == caffe_pb2.TEST)
         return not keep
 
+    # -- batches ---------------------------------------------------------------------------------
     def load_batch(self):
         """Read the next ``batch_size`` records and transform them (Caffe's ``load_batch``).
+
+        Called on the caller's thread it first stops prefetching (and rewinds), so it returns the
+        batch the next ``forward`` would have output.
 
         Returns:
             Batch(data float32 (N, C, H, W) numpy array, label float32 (N,) numpy array or None).
         """
+        self._sync()
+        return self._load_batch()
+
+    def _load_batch(self):
+        cursor = self._cursor
         datums = []
         for _ in range(self.batch_size):
             while self._skip():
-                self.cursor.next()
-            datums.append(self._parse(self.cursor.value()))
-            self.cursor.next()
-        data = self.transformer.transform_datums(datums)
+                cursor.next()
+            datums.append(self._parse(cursor.value()))
+            cursor.next()
+        data = self._transformer.transform_datums(datums)
         label = None
         if self.output_labels:
             label = numpy.array([d.label for d in datums], dtype=numpy.float32)
         return Batch(data, label)
 
     def next_batch(self):
-        """The batch the next forward outputs (a prefetch thread replaces this with its queue)."""
-        return self.load_batch()
+        """The batch the next forward outputs: from the prefetch queue (started on first use),
+        or loaded here when ``data_param.prefetch`` is 0."""
+        if self.prefetch <= 0:
+            return self._load_batch()
+        if self._prefetcher is None:
+            self._prefetcher = BatchPrefetcher(self, self.prefetch, f"prefetch:{self.name}")
+        item = self._prefetcher.get()
+        for record in item.records:
+            logger.handle(record)
+        if item.error is not None:
+            # The thread has ended; the next forward starts a new one at the failed batch.
+            self._prefetcher.stop()
+            self._prefetcher = None
+            if item.state is not None:
+                self._rewind(item.state)
+            raise item.error
+        return item.batch
 
     def forward(self, bottom, top):
         batch = self.next_batch()
@@ -160,5 +391,8 @@ class DataLayer(Layer):
             top[1].data[...] = xp.asarray(batch.label)
 
     def close(self):
-        """Close the database (the layer cannot be forwarded afterwards)."""
-        self.cursor.close()
+        """Stop prefetching and close the database (the layer cannot be forwarded afterwards)."""
+        prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            prefetcher.stop()
+        self._cursor.close()

@@ -21,7 +21,12 @@ Scratch arrays (padded input, columns, transposed outputs) live in one process-w
 :class:`Workspace`, reserved in ``reshape`` and shared by every convolution, as Caffe shares its
 column buffer between the images of a batch.
 """
+import collections
+import concurrent.futures
 import itertools
+import math
+import os
+import threading
 
 import numpy
 
@@ -36,6 +41,31 @@ FLT_MAX = numpy.finfo(f32).max
 
 #: Most floats one im2col column buffer may hold (128 MiB); bigger batches are done in chunks.
 COL_BUFFER_LIMIT = 1 << 25
+#: Images per chunk of the im2col paths: a chunk's im2col copy, its GEMM and the scatter of the
+#: result back to (N, C, ...) run on data that is still in the CPU's cache (measured best at 8
+#: for LeNet, CIFAR-10 quick, NiN and the inception layers).
+CHUNK_IMAGES = 8
+#: Target floats of one chunk of the per-image 1x1 path (its weight-gradient products).
+CHUNK_FLOATS = 1 << 20
+#: 1x1 convolutions (stride 1, no pad) whose planes have at least this many positions run one
+#: GEMM per image straight on the (N, C, H*W) arrays; smaller planes are stacked as columns.
+POINTWISE_BATCHED_MIN = 1
+#: Strided 2-D convolutions read their input by stride phase in im2col (long contiguous runs).
+STRIDE_PHASES = True
+#: Threads sharing the elementwise work of a layer call (im2col/col2im copies, layout
+#: transposes, pooling passes): the caller and ``COPY_THREADS - 1`` helpers, on NumPy arrays
+#: only; BLAS runs its own threads for the GEMMs. None: the CPUs this process may use, capped by
+#: OPENBLAS_NUM_THREADS / OMP_NUM_THREADS / MKL_NUM_THREADS when set (the same budget as BLAS).
+COPY_THREADS = 1
+#: Fewest elements an operation must touch to be split between threads.
+PARALLEL_MIN = 1 << 17
+#: Floats of one block of planes in the pooling's phase layout (1 MiB): each block is laid out,
+#: reduced and written back while it is in the cache.
+POOL_BLOCK_FLOATS = 1 << 18
+#: Cost model of the backward-data choice, in units of one im2col element copy: one col2im
+#: element (a read-add-write into a scattered window) and one GEMM multiply-add.
+COL2IM_COST = 1.5
+GEMM_MAC_COST = 0.025
 
 
 # ------------------------------------------------------------------------------------------------
@@ -66,9 +96,18 @@ class Workspace:
 
     def get(self, xp, slot, shape):
         """A C-contiguous float32 view of ``shape`` on slot ``slot`` (contents undefined)."""
-        count = int(numpy.prod(shape, dtype=numpy.int64))
+        count = math.prod(shape)
         self.reserve(xp, slot, count)
         return self._buffers[self._key(xp, slot)][:count].reshape(shape)
+
+    def get_typed(self, xp, slot, shape, dtype):
+        """A C-contiguous view of ``shape`` and ``dtype`` on slot ``slot`` (contents undefined)."""
+        dtype = numpy.dtype(dtype)
+        count = math.prod(shape)
+        floats = -(-count * dtype.itemsize // 4)
+        self.reserve(xp, slot, floats)
+        buf = self._buffers[self._key(xp, slot)]
+        return buf[:floats].view(dtype)[:count].reshape(shape)
 
     def clear(self):
         """Drop every buffer (frees the memory)."""
@@ -76,6 +115,71 @@ class Workspace:
 
 
 workspace = Workspace()
+
+
+def _budget_threads():
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        try:
+            value = int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+        if value > 0:
+            return max(1, min(n, value))
+    return max(1, n)
+
+
+class _Splitter:
+    """Runs ``fn(lo, hi)`` over parts of ``range(n)`` on the caller and helper threads.
+
+    For elementwise NumPy work on disjoint slices (NumPy releases the GIL inside its loops).
+    The helper pool is made on first use, rebuilt after a fork, and left to
+    ``concurrent.futures`` to join at exit (its threads are idle between calls).
+    """
+
+    def __init__(self):
+        self._pool = None
+        self._budget = None
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self):
+        self._pool = None
+        self._lock = threading.Lock()
+
+    def threads(self):
+        if COPY_THREADS is not None:
+            return max(1, int(COPY_THREADS))
+        if self._budget is None:
+            self._budget = _budget_threads()
+        return self._budget
+
+    def run(self, fn, n, size, xp=numpy):
+        """``fn(lo, hi)`` for parts covering ``range(n)``; split when ``size`` (elements the
+        whole call touches) is at least ``PARALLEL_MIN``."""
+        parts = min(self.threads(), n) if size >= PARALLEL_MIN and xp is numpy else 1
+        if parts <= 1:
+            fn(0, n)
+            return
+        with self._lock:
+            if self._pool is None or self._pool._max_workers < parts - 1:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    parts - 1, thread_name_prefix="caffe_engine-copy")
+            pool = self._pool
+        bounds = [n * i // parts for i in range(parts + 1)]
+        futures = [pool.submit(fn, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+        try:
+            fn(bounds[0], bounds[1])
+        finally:
+            for f in futures:
+                f.result()
+
+
+splitter = _Splitter()
 
 
 def conv_output_shape(in_shape, kernel, stride, pad, dilation):
@@ -114,6 +218,89 @@ def col2im(col, kernel, stride, dilation, out_shape, x):
         window = tuple(slice(k * d, k * d + st * (o - 1) + 1, st)
                        for k, d, st, o in zip(offset, dilation, stride, out_shape))
         x[(slice(None), slice(None)) + window] += col[(slice(None),) + offset].swapaxes(0, 1)
+
+
+def _im2col_batch_last(xt, kernel, stride, dilation, col):
+    """im2col in the batch-last layout, in one strided copy.
+
+    Args:
+        xt: array (C, *S, n), already padded, C-contiguous.
+        kernel, stride, dilation: tuples, one int per spatial axis.
+        col: output (C, *kernel, *out, n), C-contiguous: ``col[c, k..., o..., i]`` is
+            ``xt[c, o * stride + k * dilation, i]``.
+    """
+    d = len(kernel)
+    ss = xt.strides[1:1 + d]
+    view_strides = ((xt.strides[0],) + tuple(dl * s for dl, s in zip(dilation, ss))
+                    + tuple(st * s for st, s in zip(stride, ss)) + (xt.strides[-1],))
+    view = _strided_view(xt, col.shape, view_strides)
+
+    def part(lo, hi):
+        col[lo:hi] = view[lo:hi]
+    splitter.run(part, col.shape[0], col.size, get_array_module(col))
+
+
+def _strided_view(a, shape, strides):
+    """``as_strided(a, shape, strides)`` (a read-only use), without NumPy's slow wrapper."""
+    if isinstance(a, numpy.ndarray) and a.flags.c_contiguous:
+        return numpy.ndarray(shape, a.dtype, buffer=a, strides=strides)
+    return get_array_module(a).lib.stride_tricks.as_strided(a, shape, strides)
+
+
+def _im2col_phases(phases, kernel, col):
+    """2-D im2col (dilation 1) from an input laid out by stride phase.
+
+    Args:
+        phases: (sh, sw, C, rows_h, rows_w, n): ``phases[r, c, ch, a, b]`` is padded input
+            row ``a * sh + r``, column ``b * sw + c`` (batch-last).
+        kernel: (kh, kw).
+        col: output (C, kh, kw, out_h, out_w, n), as :func:`_im2col_batch_last`'s.
+
+    Kernel rows ``i = r, r + sh, ...`` all read phase row ``r`` at row offsets 0, 1, ...: one
+    strided copy per phase, each with contiguous runs of ``out_w * n`` floats.
+    """
+    sh, sw = phases.shape[:2]
+    c, kh, kw, out_h, out_w, n = col.shape
+    for r in range(min(sh, kh)):
+        for q in range(min(sw, kw)):
+            src = phases[r, q]
+            st = src.strides
+            shape = (c, len(range(r, kh, sh)), len(range(q, kw, sw)), out_h, out_w, n)
+            view = _strided_view(src, shape, (st[0], st[1], st[2], st[1], st[2], st[3]))
+            dest = col[:, r::sh, q::sw]
+
+            def part(lo, hi, dest=dest, view=view):
+                dest[lo:hi] = view[lo:hi]
+            splitter.run(part, c, dest.size, get_array_module(col))
+
+
+def _copy_split(dest, src, axis, xp):
+    """``dest[...] = src``, split between threads along ``axis`` (0 or 1)."""
+    def part(lo, hi):
+        if axis == 0:
+            dest[lo:hi] = src[lo:hi]
+        else:
+            dest[:, lo:hi] = src[:, lo:hi]
+    splitter.run(part, dest.shape[axis], dest.size, xp)
+
+
+def _col2im_batch_last(col, kernel, stride, dilation, xt):
+    """The adjoint of :func:`_im2col_batch_last`: add every column onto ``xt`` (C, *S, n).
+
+    ``xt`` must be zeroed by the caller; one array operation per kernel offset, offsets in
+    Caffe's (row-major) order.
+    """
+    d = len(kernel)
+    out_shape = col.shape[1 + d:1 + 2 * d]
+    steps = [(offset, tuple(slice(k * dl, k * dl + st * (o - 1) + 1, st)
+                            for k, dl, st, o in zip(offset, dilation, stride, out_shape)))
+             for offset in itertools.product(*(range(k) for k in kernel))]
+
+    def part(lo, hi):
+        rows, cols = xt[lo:hi], col[lo:hi]
+        for offset, window in steps:
+            rows[(slice(None),) + window] += cols[(slice(None),) + offset]
+    splitter.run(part, col.shape[0], col.size, get_array_module(col))
 
 
 def _spatial_values(layer, param, name, default, num_axes):
@@ -248,80 +435,216 @@ class _ConvolutionBase(Layer):
             self.conv_in_spatial, self.conv_out_spatial = self.in_spatial, self.out_spatial
         self.padded = any(self.pad)
         self.padded_spatial = tuple(s + 2 * p for s, p in zip(self.conv_in_spatial, self.pad))
+        # Strided 2-D im2col reads the input by stride phase (see _columns): the padded plane
+        # rounded up to whole phases, and the phase rows each kernel reach needs.
+        self.phased = (STRIDE_PHASES and self.num_spatial == 2 and any(s > 1 for s in self.stride)
+                       and all(d == 1 for d in self.dilation))
+        if self.phased:
+            self.phase_rows = tuple(
+                -(-max(sz, (o + (k - 1) // st) * st) // st)
+                for sz, o, k, st in zip(self.padded_spatial, self.conv_out_spatial, self.kernel,
+                                        self.stride))
         self.out_count = int(numpy.prod(self.conv_out_spatial))
+        self.in_count = int(numpy.prod(self.conv_in_spatial))
         self.kernel_dim = (self.conv_in_channels // self.group) * int(numpy.prod(self.kernel))
+        self.pointwise = (not self.padded and all(k == 1 for k in self.kernel)
+                          and all(s == 1 for s in self.stride))
+        # 1x1 convolutions over large planes: one GEMM per image on the NCHW arrays themselves.
+        self.batched = (self.pointwise and not self.reverse
+                        and self.out_count >= POINTWISE_BATCHED_MIN)
         col_per_image = self.kernel_dim * self.group * self.out_count
-        self.chunk = max(1, min(self.num, COL_BUFFER_LIMIT // max(col_per_image, 1)))
+        self.flip_backward = self._flip_backward_pays()
+        if self.flip_backward:
+            # The backward-data convolution's columns: (C_out * prod(kernel)) x in positions.
+            col_per_image = max(col_per_image, self.conv_out_channels
+                                * int(numpy.prod(self.kernel)) * self.in_count)
+        if self.batched:
+            per_image = max(self.conv_out_channels * self.kernel_dim,
+                            (self.conv_out_channels + self.conv_in_channels) * self.out_count)
+            chunk = max(1, 2 * CHUNK_FLOATS // per_image)
+        else:
+            chunk = max(1, min(CHUNK_IMAGES, COL_BUFFER_LIMIT // max(col_per_image, 1)))
+        chunk = min(chunk, self.num)
+        # Even chunks: 100 images in chunks of at most 8 -> 13 chunks of 7 or 8.
+        chunks = -(-self.num // chunk)
+        self.chunk = -(-self.num // chunks)
         xp = get_array_module(bottom[0].data)
-        workspace.reserve(xp, "col", col_per_image * self.chunk)
-        workspace.reserve(xp, "gemm", self.conv_out_channels * self.out_count * self.chunk)
-        if self.padded:
-            workspace.reserve(xp, "pad", self.chunk * self.conv_in_channels
-                              * int(numpy.prod(self.padded_spatial)))
+        if self.batched:
+            workspace.reserve(xp, "wgrad", self.chunk * self.conv_out_channels * self.kernel_dim)
+            return
+        n = self.chunk
+        workspace.reserve(xp, "col", col_per_image * n)
+        workspace.reserve(xp, "gemm", n * max(self.conv_out_channels * self.out_count,
+                                              self.conv_in_channels * self.in_count))
+        workspace.reserve(xp, "wgrad", self.conv_out_channels * self.kernel_dim)
+        pad = n * self.conv_in_channels * int(numpy.prod(self.padded_spatial))
+        if self.phased:
+            phased = n * self.conv_in_channels * math.prod(
+                r * st for r, st in zip(self.phase_rows, self.stride))
+            pad = max(pad, phased)
+            workspace.reserve(xp, "phase", phased)
+        if self.flip_backward:
+            pad = max(pad, n * self.conv_out_channels * int(numpy.prod(self.flip_padded)))
+        workspace.reserve(xp, "pad", pad)
+
+    def _flip_backward_pays(self):
+        """Whether backward-data should run as a convolution of the top diff (see ``backward``).
+
+        Possible for stride 1 when no pad exceeds the dilated kernel extent; chosen when the
+        cost model says the im2col of the top diff plus its GEMM is cheaper than the GEMM plus
+        col2im of the usual path (col2im adds, it costs ``COL2IM_COST`` im2col copies).
+        """
+        if self.reverse or self.pointwise or any(s != 1 for s in self.stride):
+            return False
+        q = tuple(d * (k - 1) - p for k, d, p in zip(self.kernel, self.dilation, self.pad))
+        if min(q) < 0:
+            return False
+        self.flip_pad = q
+        self.flip_padded = tuple(o + 2 * p for o, p in zip(self.conv_out_spatial, q))
+        g = self.group
+        m_g, c_g = self.conv_out_channels // g, self.conv_in_channels // g
+        usual = self.conv_in_channels * self.out_count * (COL2IM_COST + m_g * GEMM_MAC_COST)
+        flipped = self.conv_out_channels * self.in_count * (1 + c_g * GEMM_MAC_COST)
+        return flipped < usual
 
     # -- the convolution's pieces, on a chunk of n images ------------------------------------
     def _chunks(self):
         for n0 in range(0, self.num, self.chunk):
             yield n0, min(self.num, n0 + self.chunk)
 
+    def _batch_last(self, xp, x, pad, padded_spatial):
+        """``x`` (n, C, *S) transposed to (C, *S_padded, n) in the workspace, zero borders.
+
+        The batch-last layout: every spatial window slice of it has contiguous runs of
+        ``out_width * n`` floats, so im2col and col2im copy long rows even for small planes.
+        """
+        n, c = x.shape[:2]
+        d = self.num_spatial
+        xt = workspace.get(xp, "pad", (c,) + padded_spatial + (n,))
+        borders, inner = [], []
+        for axis, (p, size) in enumerate(zip(pad, x.shape[2:])):
+            if p:
+                lead = (slice(None),) * axis
+                borders += [lead + (slice(0, p),), lead + (slice(p + size, None),)]
+            inner.append(slice(p, p + size))
+        inner = (slice(None),) + tuple(inner)
+        xc = x.transpose((1,) + tuple(range(2, 2 + d)) + (0,))
+
+        def part(lo, hi):
+            rows = xt[lo:hi]
+            for border in borders:
+                rows[(slice(None),) + border] = 0
+            rows[inner] = xc[lo:hi]
+        splitter.run(part, c, xt.size, xp)
+        return xt
+
     def _columns(self, xp, x):
         """im2col of an image-side chunk ``x`` (n, C_in, *S_in) into the workspace.
 
-        Returns the columns as (group, kernel_dim, n * P), P = prod(conv_out_spatial).
+        Returns the columns as (group, kernel_dim, P * n), P = prod(conv_out_spatial): row
+        ``(c, k...)`` (Caffe's row order), column ``(o..., image)``.
         """
         n = x.shape[0]
-        if self.padded:
-            xpad = workspace.get(xp, "pad", (n, self.conv_in_channels) + self.padded_spatial)
-            xpad.fill(0)
-            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.conv_in_spatial))
-            xpad[(slice(None), slice(None)) + inner] = x
-            x = xpad
-        col = workspace.get(xp, "col", (self.conv_in_channels,) + self.kernel + (n,)
-                            + self.conv_out_spatial)
-        im2col(x, self.kernel, self.stride, self.dilation, self.conv_out_spatial, col)
-        return col.reshape(self.group, self.kernel_dim, n * self.out_count)
+        col = workspace.get(xp, "col", (self.conv_in_channels,) + self.kernel
+                            + self.conv_out_spatial + (n,))
+        if self.phased:
+            # Strided: lay the padded batch-last input out by stride phase first, so that every
+            # kernel offset reads runs of out_width * n floats instead of n.
+            (sh, sw), (rh, rw) = self.stride, self.phase_rows
+            xt = self._batch_last(xp, x, self.pad, (rh * sh, rw * sw))
+            c = self.conv_in_channels
+            phases = workspace.get(xp, "phase", (sh, sw, c, rh, rw, n))
+            grid = xt.reshape(c, rh, sh, rw, sw, n).transpose(2, 4, 0, 1, 3, 5)
+            _copy_split(phases, grid, 0, xp)
+            _im2col_phases(phases, self.kernel, col)
+        else:
+            xt = self._batch_last(xp, x, self.pad, self.padded_spatial)
+            _im2col_batch_last(xt, self.kernel, self.stride, self.dilation, col)
+        return col.reshape(self.group, self.kernel_dim, self.out_count * n)
 
     def _image(self, xp, dcol, x):
-        """col2im of columns ``dcol`` (group, kernel_dim, n * P) into ``x`` (n, C_in, *S_in).
+        """col2im of columns ``dcol`` (group, kernel_dim, P * n) into ``x`` (n, C_in, *S_in).
 
         ``x`` is overwritten. Each image position sums its columns in kernel-offset order, as
         Caffe's col2im does.
         """
         n = x.shape[0]
-        dcol = dcol.reshape((self.conv_in_channels,) + self.kernel + (n,) + self.conv_out_spatial)
-        if self.padded:
-            xpad = workspace.get(xp, "pad", (n, self.conv_in_channels) + self.padded_spatial)
-            xpad.fill(0)
-            col2im(dcol, self.kernel, self.stride, self.dilation, self.conv_out_spatial, xpad)
-            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.conv_in_spatial))
-            x[...] = xpad[(slice(None), slice(None)) + inner]
+        d = self.num_spatial
+        to_nchw = (d + 1,) + tuple(range(d + 1))
+        dcol = dcol.reshape((self.conv_in_channels,) + self.kernel + self.conv_out_spatial
+                            + (n,))
+        c = self.conv_in_channels
+        if self.pointwise:
+            src = dcol.reshape((c,) + self.conv_out_spatial + (n,)).transpose(to_nchw)
         else:
-            x[...] = 0
-            col2im(dcol, self.kernel, self.stride, self.dilation, self.conv_out_spatial, x)
+            xt = workspace.get(xp, "pad", (c,) + self.padded_spatial + (n,))
+            xt.fill(0)
+            _col2im_batch_last(dcol, self.kernel, self.stride, self.dilation, xt)
+            inner = tuple(slice(p, p + s) for p, s in zip(self.pad, self.conv_in_spatial))
+            src = xt[(slice(None),) + inner].transpose(to_nchw)
+        _copy_split(x, src, 1, xp)
 
     def _grouped(self, xp, y):
-        """A column-side chunk ``y`` (n, C_out, P) regrouped as (group, C_out / group, n * P)."""
+        """A column-side chunk ``y`` (n, C_out, P) regrouped as (group, C_out / group, P * n)."""
         n = y.shape[0]
         m, p = self.conv_out_channels, self.out_count
-        yt = workspace.get(xp, "gemm", (m, n, p))
-        yt[...] = y.transpose(1, 0, 2)
-        return yt.reshape(self.group, m // self.group, n * p)
+        yt = workspace.get(xp, "gemm", (m, p, n))
+        _copy_split(yt, y.transpose(1, 2, 0), 0, xp)
+        return yt.reshape(self.group, m // self.group, p * n)
 
     def _apply_weights(self, xp, col, y, bias=None):
         """``y`` (n, C_out, P) = W @ columns ``col`` (+ ``bias`` (C_out, 1)): the conv GEMM."""
         n = y.shape[0]
         g, m, p = self.group, self.conv_out_channels, self.out_count
-        out = workspace.get(xp, "gemm", (g, m // g, n * p))
+        out = workspace.get(xp, "gemm", (g, m // g, p * n))
         xp.matmul(self._weights(), col, out=out)
-        out = out.reshape(m, n, p).transpose(1, 0, 2)
-        if bias is not None:
-            xp.add(out, bias, out=y)
-        else:
-            y[...] = out
+        out = out.reshape(m, p, n).transpose(2, 0, 1)
+
+        def part(lo, hi):
+            if bias is not None:
+                xp.add(out[:, lo:hi], bias[lo:hi], out=y[:, lo:hi])
+            else:
+                y[:, lo:hi] = out[:, lo:hi]
+        splitter.run(part, m, y.size, xp)
+
+    def _weight_grad(self, xp, a, b, w_diff):
+        """``w_diff += a @ b^T`` per group, through a workspace product (no allocation)."""
+        prod = workspace.get(xp, "wgrad", w_diff.shape)
+        xp.matmul(a, b.transpose(0, 2, 1), out=prod)
+        w_diff += prod
 
     def _weights(self):
         g = self.group
         return self.blobs[0].data.reshape(g, self.conv_out_channels // g, self.kernel_dim)
+
+    def _flipped_weights(self, xp):
+        """The weights of backward-data as a convolution: (group, C_in / g, C_out / g * K).
+
+        Entry ``[g, c, (m, k)]`` is ``W[g * C_out / g + m, c, kernel - 1 - k]`` (every spatial
+        axis reversed): the transposed, rotated filter bank.
+        """
+        g, d = self.group, self.num_spatial
+        m_g, c_g = self.conv_out_channels // g, self.conv_in_channels // g
+        w = self.blobs[0].data.reshape((g, m_g, c_g) + self.kernel)
+        w = w[(Ellipsis,) + (slice(None, None, -1),) * d]
+        w = w.transpose((0, 2, 1) + tuple(range(3, 3 + d)))
+        return xp.ascontiguousarray(w).reshape(g, c_g, m_g * int(numpy.prod(self.kernel)))
+
+    def _flip_backward_data(self, xp, w_flip, dy, dx):
+        """``dx`` (n, C_in, *S_in) = the correlation of the padded ``dy`` (n, C_out, *S_out)
+        with the flipped filters: the same sums as W^T @ dy followed by col2im, for stride 1.
+        """
+        n = dy.shape[0]
+        g, d = self.group, self.num_spatial
+        dyt = self._batch_last(xp, dy, self.flip_pad, self.flip_padded)
+        col = workspace.get(xp, "col", (self.conv_out_channels,) + self.kernel
+                            + self.conv_in_spatial + (n,))
+        _im2col_batch_last(dyt, self.kernel, self.stride, self.dilation, col)
+        col = col.reshape(g, w_flip.shape[2], self.in_count * n)
+        out = workspace.get(xp, "gemm", (g, self.conv_in_channels // g, self.in_count * n))
+        xp.matmul(w_flip, col, out=out)
+        _copy_split(dx, out.reshape((self.conv_in_channels,) + self.conv_in_spatial
+                                    + (n,)).transpose((d + 1,) + tuple(range(d + 1))), 1, xp)
 
     def _param_flags(self):
         ppd = getattr(self, "param_propagate_down", [True] * len(self.blobs))
@@ -344,6 +667,16 @@ class ConvolutionLayer(_ConvolutionBase):
     pad / pad_h + pad_w (0), dilation (1), group (1), axis (1), weight_filler, bias_filler
     (constant 0). ``engine`` and ``force_nd_im2col`` are accepted and ignored.
 
+    Paths (same sums as Caffe's, in BLAS's order):
+
+    * generic: per cache-sized chunk of images, im2col into (C * K, n * P), one GEMM per
+      group, the result scattered back to (n, C_out, P) with the bias added;
+    * 1x1, stride 1, no pad, planes of at least ``POINTWISE_BATCHED_MIN`` positions: no
+      im2col at all, one GEMM per image on the NCHW arrays (``W @ x[n]``, ``W^T @ dy[n]``);
+    * backward-data for stride 1 (when :meth:`_flip_backward_pays`): ``dx`` is the correlation
+      of the zero-padded ``dy`` with the flipped, transposed filters (im2col of ``dy`` and one
+      GEMM) instead of ``W^T @ dy`` followed by col2im's scattered adds.
+
     Raises:
         CaffeError: missing or inconsistent kernel/stride/pad/dilation fields, non-positive
             num_output/kernel/stride, channels or num_output not divisible by group, changed
@@ -355,9 +688,18 @@ class ConvolutionLayer(_ConvolutionBase):
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
         bias = self.blobs[1].data[:, None] if self.bias_term else None
+        g = self.group
         for b, t in zip(bottom, top):
             x = b.data.reshape((self.num, self.channels) + self.in_spatial)
             y = t.data.reshape(self.num, self.num_output, self.out_count)
+            if self.batched:
+                w = self._weights()
+                for n0, n1 in self._chunks():
+                    ys = y[n0:n1].reshape(n1 - n0, g, self.num_output // g, self.out_count)
+                    xp.matmul(w, x[n0:n1].reshape(n1 - n0, g, -1, self.out_count), out=ys)
+                    if bias is not None:
+                        y[n0:n1] += bias
+                continue
             for n0, n1 in self._chunks():
                 self._apply_weights(xp, self._columns(xp, x[n0:n1]), y[n0:n1], bias)
 
@@ -366,6 +708,9 @@ class ConvolutionLayer(_ConvolutionBase):
         do_w, do_b = self._param_flags()
         w = self._weights()
         w_diff = self.blobs[0].diff.reshape(w.shape)
+        w_flip = None
+        if self.flip_backward and any(propagate_down[:len(bottom)]):
+            w_flip = self._flipped_weights(xp)
         for i, (b, t) in enumerate(zip(bottom, top)):
             dy = t.diff.reshape(self.num, self.num_output, self.out_count)
             if do_b:
@@ -374,16 +719,39 @@ class ConvolutionLayer(_ConvolutionBase):
                 continue
             x = b.data.reshape((self.num, self.channels) + self.in_spatial)
             dx = b.diff.reshape((self.num, self.channels) + self.in_spatial)
+            if self.batched:
+                self._backward_batched(xp, w, w_diff, x, dy, dx, do_w, propagate_down[i])
+                continue
             for n0, n1 in self._chunks():
                 n = n1 - n0
-                dyt = self._grouped(xp, dy[n0:n1])
+                if do_w or not self.flip_backward:
+                    dyt = self._grouped(xp, dy[n0:n1])
                 if do_w:
-                    w_diff += xp.matmul(dyt, self._columns(xp, x[n0:n1]).transpose(0, 2, 1))
-                if propagate_down[i]:
+                    self._weight_grad(xp, dyt, self._columns(xp, x[n0:n1]), w_diff)
+                if not propagate_down[i]:
+                    continue
+                if self.flip_backward:
+                    dy_img = dy[n0:n1].reshape((n, self.num_output) + self.out_spatial)
+                    self._flip_backward_data(xp, w_flip, dy_img, dx[n0:n1])
+                else:
                     dcol = workspace.get(xp, "col", (self.group, self.kernel_dim,
                                                      n * self.out_count))
                     xp.matmul(w.transpose(0, 2, 1), dyt, out=dcol)
                     self._image(xp, dcol, dx[n0:n1])
+
+    def _backward_batched(self, xp, w, w_diff, x, dy, dx, do_w, do_x):
+        """Backward of the per-image 1x1 path: ``dW += sum_n dy[n] x[n]^T``, ``dx = W^T dy``."""
+        g, p = self.group, self.out_count
+        for n0, n1 in self._chunks():
+            n = n1 - n0
+            dys = dy[n0:n1].reshape(n, g, -1, p)
+            if do_w:
+                prod = workspace.get(xp, "wgrad", (n,) + w.shape)
+                xs = x[n0:n1].reshape(n, g, -1, p)
+                xp.matmul(dys, xs.transpose(0, 1, 3, 2), out=prod)
+                w_diff += prod.sum(axis=0)
+            if do_x:
+                xp.matmul(w.transpose(0, 2, 1), dys, out=dx[n0:n1].reshape(n, g, -1, p))
 
 
 @register("Deconvolution")
@@ -592,6 +960,23 @@ def _offset_ranges(size, pooled, kernel, stride, pad):
     return ranges
 
 
+def _phase_span(phase, stride, pad, size, rows):
+    """Where the input rows of one stride phase land: (first phase row, first input row).
+
+    Padded row ``u = h + pad`` goes to phase ``u % stride``, row ``u // stride``. Returns the
+    phase row and input row of the first input row ``h >= 0`` in phase ``phase``, or
+    ``(0, None)`` when there is none.
+    """
+    h0 = (phase - pad) % stride
+    if h0 >= size:
+        return 0, None
+    return (h0 + pad) // stride, h0
+
+
+#: One block's scratch arrays of the phase-layout pooling (see ``PoolingLayer._blocks``).
+_PoolScratch = collections.namedtuple("_PoolScratch", ["z", "wide", "mask", "mark", "share"])
+
+
 @register("Pooling")
 class PoolingLayer(Layer):
     """MAX or AVE pooling over the last two axes, with Caffe's output size and AVE divisor.
@@ -687,28 +1072,24 @@ class PoolingLayer(Layer):
         self.top_shape = (n, c, out_h, out_w)
         for t in top:
             t.reshape(self.top_shape)
-        rows = _offset_ranges(h, out_h, kh, sh, ph)
-        cols = _offset_ranges(w, out_w, kw, sw, pw)
-        # One entry per kernel offset (i, j) that lands inside the input, in Caffe's row-major
-        # scan order: the output slice, the input slice it reads, and its index offset i*W + j.
-        self.offsets = [((Ellipsis, out_r, out_c), (Ellipsis, in_r, in_c), i * w + j)
-                        for i, out_r, in_r in rows for j, out_c, in_c in cols]
         # Whole-plane windows (global pooling): one reduction instead of kh * kw steps.
         self.whole_plane = out_h == out_w == 1 and not any(self.pad) and kh >= h and kw >= w
+        if not self.whole_plane:
+            self._phase_geometry(n * c, h, w, out_h, out_w)
         if self.method == _MAX:
             if self.whole_plane:
                 self.argmax = xp.empty((n, c, out_h, out_w), numpy.int32)
             else:
-                # code = K - k for the first offset k holding the window's max, 0 for none.
-                k = len(self.offsets)
-                self.code = xp.empty((n, c, out_h, out_w),
-                                     numpy.int16 if k < 2 ** 15 else numpy.int32)
+                # code = K - k for the first offset k (row-major) holding the window's max.
+                k = kh * kw
+                dtype = numpy.int8 if k < 127 else numpy.int16 if k < 2 ** 15 - 1 else numpy.int32
+                self.code = xp.empty((n * c, out_h * self.phase_w), dtype)
                 # Flat input index of an output's window origin, and i*W + j per offset k.
                 base = ((numpy.arange(out_h) * sh - ph)[:, None] * w
                         + (numpy.arange(out_w) * sw - pw)[None, :])
                 self.window_base = xp.asarray(base.astype(numpy.int32))
                 self.offset_index = xp.asarray(numpy.array(
-                    [o[2] for o in self.offsets] + [0], numpy.int32))
+                    [i * w + j for i in range(kh) for j in range(kw)] + [0], numpy.int32))
         elif self.method == _AVE:
             hs = numpy.arange(out_h) * sh - ph
             ws = numpy.arange(out_w) * sw - pw
@@ -718,41 +1099,160 @@ class PoolingLayer(Layer):
         # The tables above depend only on the bottom's shape: rebuilt only when it changes.
         self._reshaped_for = (shape, xp.__name__)
 
+    # -- the phase layout ----------------------------------------------------------------------
+    def _phase_geometry(self, planes, h, w, out_h, out_w):
+        """Lay out the (conceptually padded) input by stride phase so that every kernel offset
+        reads one contiguous run per plane.
+
+        Padded row ``u = h + pad_h`` is row ``u // stride_h`` of phase ``u % stride_h`` (and the
+        same for columns). Kernel offset ``(i, j)`` of output ``(oh, ow)`` then reads phase
+        ``(i % sh, j % sw)`` at row ``oh + i // sh``, column ``ow + j // sw``. Each phase plane
+        is stored flat with rows of ``phase_w = out_w + (kw - 1) // sw`` columns, so offset
+        ``(i, j)`` is the run ``[a * phase_w + b, + out_h * phase_w)``: a "wide" output with
+        ``phase_w - out_w`` extra columns per row that are computed and then dropped.
+        """
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.pad
+        ah, aw = (kh - 1) // sh, (kw - 1) // sw
+        rows, cols = out_h + ah, out_w + aw
+        self.phase_w = cols
+        self.phase_len = rows * cols + aw          # + slack read only by the dropped columns
+        self.phase_shape = (sh, sw, planes, self.phase_len)
+        self.wide = out_h * cols
+        # Per kernel offset (row-major): its phase and the start of its run.
+        self.runs = [(i % sh, j % sw, (i // sh) * cols + j // sw)
+                     for i in range(kh) for j in range(kw)]
+        # Per phase: the input rows/columns it holds, and where they go in the phase plane.
+        self.phase_copies = []
+        for r in range(sh):
+            a0, h0 = _phase_span(r, sh, ph, h, rows)
+            for c in range(sw):
+                b0, w0 = _phase_span(c, sw, pw, w, cols)
+                nh = len(range(h0, h, sh)) if h0 is not None else 0
+                nw = len(range(w0, w, sw)) if w0 is not None else 0
+                nh, nw = min(nh, rows - a0), min(nw, cols - b0)
+                if nh > 0 and nw > 0:
+                    self.phase_copies.append((r, c, slice(a0, a0 + nh), slice(b0, b0 + nw),
+                                              slice(h0, h0 + (nh - 1) * sh + 1, sh),
+                                              slice(w0, w0 + (nw - 1) * sw + 1, sw)))
+        covered = sum((s[2].stop - s[2].start) * (s[3].stop - s[3].start)
+                      for s in self.phase_copies)
+        self.covers_input = covered == h * w
+
+    def _to_phases(self, xp, z, x, fill, lo, hi):
+        """Planes ``lo:hi`` of ``x`` (N, C, H, W) into the phase layout ``z`` (sh, sw, hi - lo,
+        phase_len), with padding = ``fill``."""
+        rows = self.phase_len // self.phase_w
+        z.fill(fill)
+        grid = z[..., :rows * self.phase_w].reshape(z.shape[:3] + (rows, self.phase_w))
+        xs = x.reshape((-1,) + x.shape[2:])[lo:hi]
+        for r, c, a, b, hs, ws in self.phase_copies:
+            grid[r, c, :, a, b] = xs[:, hs, ws]
+
+    def _from_phases(self, z, dx, lo, hi):
+        """The phase-layout gradient ``z`` of planes ``lo:hi`` gathered back into ``dx``
+        (N, C, H, W), overwritten."""
+        rows = self.phase_len // self.phase_w
+        grid = z[..., :rows * self.phase_w].reshape(z.shape[:3] + (rows, self.phase_w))
+        dxs = dx.reshape((-1,) + dx.shape[2:])[lo:hi]
+        if not self.covers_input:
+            dxs.fill(0)
+        for r, c, a, b, hs, ws in self.phase_copies:
+            dxs[:, hs, ws] = grid[r, c, :, a, b]
+
+    def _blocks(self, xp, planes, fn):
+        """``fn(bufs, lo, hi)`` for blocks of planes small enough to stay in the cache.
+
+        ``bufs`` holds the block's scratch arrays (each for ``hi - lo`` planes): ``z`` the phase
+        layout (sh, sw, n, phase_len), ``wide`` float32 (n, out_h * phase_w), ``mask`` bool and
+        ``mark`` (the code's dtype) like ``wide``, ``share`` float32 like ``wide``. The blocks
+        are shared out between threads, each with scratch arrays of its own.
+        """
+        per_plane = self.phase_shape[0] * self.phase_shape[1] * self.phase_len
+        block = max(1, min(planes, POOL_BLOCK_FLOATS // per_plane))
+        blocks = -(-planes // block)
+        threads = min(splitter.threads(), blocks) if xp is numpy else 1
+        starts = {blocks * i // threads: i for i in range(threads)}
+        code_dtype = self.code.dtype if self.method == _MAX else numpy.int8
+
+        def run(first, last):
+            slot = f"pool{starts[first]}"
+            z_all = workspace.get(xp, slot, self.phase_shape[:2] + (block, self.phase_len))
+            wide = (block, self.wide)
+            full = _PoolScratch(z_all, workspace.get(xp, slot + "w", wide),
+                                workspace.get_typed(xp, slot + "m", wide, numpy.bool_),
+                                workspace.get_typed(xp, slot + "k", wide, code_dtype),
+                                workspace.get(xp, slot + "s", wide))
+            for i in range(first, last):
+                lo, hi = i * block, min(planes, (i + 1) * block)
+                n = hi - lo
+                fn(_PoolScratch(full.z[:, :, :n], full.wide[:n], full.mask[:n], full.mark[:n],
+                                full.share[:n]), lo, hi)
+        if threads <= 1:
+            run(0, blocks)
+        else:
+            splitter.run(run, blocks, PARALLEL_MIN, xp)
+
+    def _wide_view(self, wide):
+        """A wide (n, out_h * phase_w) array as (n, out_h, out_w) (the kept columns)."""
+        out_h, out_w = self.out_hw
+        return wide.reshape(wide.shape[0], out_h, self.phase_w)[..., :out_w]
+
     def forward(self, bottom, top):
         if self.method == _STOCHASTIC:
             raise self.error("STOCHASTIC pooling is not implemented in the CPU engine "
                              "(Caffe: 'Not Implemented Yet'); use MAX or AVE")
         xp = get_array_module(bottom[0].data)
         x, y = bottom[0].data, top[0].data
-        if self.method == _MAX:
-            if self.whole_plane:
+        if self.whole_plane:
+            if self.method == _MAX:
                 self._max_whole_plane(xp, x, y)
                 if len(top) > 1:
                     top[1].data[...] = self.argmax
-                return
-            # Caffe scans each window in row-major order and keeps a value when it is strictly
-            # greater than the running max, which starts at -FLT_MAX: the max ignoring NaN
-            # (fmax), at the first offset holding it, and no index when nothing beat -FLT_MAX.
-            y.fill(-FLT_MAX)
-            for out_sl, in_sl, _ in self.offsets:
-                xp.fmax(y[out_sl], x[in_sl], out=y[out_sl])
-            code, count = self.code, len(self.offsets)
-            code.fill(0)
-            for k, (out_sl, in_sl, _) in enumerate(self.offsets):
-                found = x[in_sl] == y[out_sl]
-                xp.maximum(code[out_sl], found * code.dtype.type(count - k), out=code[out_sl])
-            code *= y > -FLT_MAX
-            if len(top) > 1:
-                index = self.window_base + self.offset_index[count - code]
-                top[1].data[...] = xp.where(code > 0, index, -1)
-        else:
-            if self.whole_plane:
-                y[...] = x.sum(axis=(2, 3), keepdims=True)
             else:
-                y.fill(0)
-                for out_sl, in_sl, _ in self.offsets:
-                    y[out_sl] += x[in_sl]
-            y /= self.divisor
+                y[...] = x.sum(axis=(2, 3), keepdims=True)
+                y /= self.divisor
+            return
+        planes = x.shape[0] * x.shape[1]
+        ys = y.reshape(planes, self.out_hw[0], self.out_hw[1])
+        if self.method == _MAX:
+            self._blocks(xp, planes, lambda bufs, lo, hi: self._max_planes(xp, bufs, x, ys,
+                                                                           lo, hi))
+            if len(top) > 1:
+                kept = self._wide_view(self.code).reshape(y.shape)
+                index = self.window_base + self.offset_index[len(self.runs)
+                                                             - kept.astype(numpy.int32)]
+                top[1].data[...] = xp.where(kept > 0, index, -1)
+        else:
+            def ave(bufs, lo, hi):
+                z, total = bufs.z, bufs.wide
+                self._to_phases(xp, z, x, 0, lo, hi)
+                total.fill(0)
+                for r, c, start in self.runs:
+                    total += z[r, c, :, start:start + self.wide]
+                xp.divide(self._wide_view(total), self.divisor, out=ys[lo:hi])
+            self._blocks(xp, planes, ave)
+
+    def _max_planes(self, xp, bufs, x, ys, lo, hi):
+        """MAX forward of planes ``lo:hi`` (see ``forward``) in the block scratch ``bufs``."""
+        # Caffe scans each window in row-major order and keeps a value when it is strictly
+        # greater than the running max, which starts at -FLT_MAX: NaN never wins, padding
+        # (-inf here) never wins, and no index is kept when nothing beat -FLT_MAX.
+        z, best, found, mark = bufs.z, bufs.wide, bufs.mask, bufs.mark
+        self._to_phases(xp, z, x, -numpy.inf, lo, hi)
+        best.fill(-FLT_MAX)
+        for r, c, start in self.runs:
+            xp.fmax(best, z[r, c, :, start:start + self.wide], out=best)
+        # code = K - k for the first offset k holding the max (the strict > of the scan keeps
+        # the first), 0 where nothing beat -FLT_MAX. Branch-free int8/16 arithmetic.
+        code, count = self.code[lo:hi], len(self.runs)
+        code.fill(0)
+        for k, (r, c, start) in enumerate(self.runs):
+            xp.equal(z[r, c, :, start:start + self.wide], best, out=found)
+            xp.multiply(found, code.dtype.type(count - k), out=mark)
+            xp.maximum(code, mark, out=code)
+        xp.greater(best, -FLT_MAX, out=found)
+        code *= found
+        ys[lo:hi] = self._wide_view(best)
 
     def _max_whole_plane(self, xp, x, y):
         """MAX over each whole (H, W) plane with Caffe's semantics (see ``forward``)."""
@@ -771,25 +1271,41 @@ class PoolingLayer(Layer):
             raise self.error("STOCHASTIC pooling is not implemented in the CPU engine")
         xp = get_array_module(top[0].diff)
         dy, dx = top[0].diff, bottom[0].diff
-        if self.method == _MAX:
-            if self.whole_plane:
+        if self.whole_plane:
+            if self.method == _MAX:
                 n, c = dx.shape[:2]
                 plane = xp.arange(dx.shape[2] * dx.shape[3], dtype=numpy.int32)
                 dx.reshape(n, c, -1)[...] = xp.where(plane == self.argmax.reshape(n, c, 1),
                                                      dy.reshape(n, c, 1), f32(0))
-                return
-            code, count = self.code, len(self.offsets)
-            dx.fill(0)
-            for k, (out_sl, in_sl, _) in enumerate(self.offsets):
-                dx[in_sl] += dy[out_sl] * (code[out_sl] == count - k)
-        else:
-            g = dy / self.divisor
-            if self.whole_plane:
-                dx[...] = g
-                return
-            dx.fill(0)
-            for out_sl, in_sl, _ in self.offsets:
-                dx[in_sl] += g[out_sl]
+            else:
+                dx[...] = dy / self.divisor
+            return
+        # The adjoint of forward in the phase layout: each offset's run adds its share.
+        planes = dy.shape[0] * dy.shape[1]
+        out_h, out_w = self.out_hw
+        dys = dy.reshape(planes, out_h, out_w)
+        count = len(self.runs)
+
+        def part(bufs, lo, hi):
+            z, g = bufs.z, bufs.wide
+            grid = g.reshape(hi - lo, out_h, self.phase_w)
+            if self.method == _MAX:
+                grid[..., :out_w] = dys[lo:hi]
+            else:
+                xp.divide(dys[lo:hi], self.divisor, out=grid[..., :out_w])
+            grid[..., out_w:] = 0
+            z.fill(0)
+            if self.method == _MAX:
+                hit, share = bufs.mask, bufs.share
+                for k, (r, c, start) in enumerate(self.runs):
+                    xp.equal(self.code[lo:hi], count - k, out=hit)
+                    xp.multiply(g, hit, out=share)
+                    z[r, c, :, start:start + self.wide] += share
+            else:
+                for r, c, start in self.runs:
+                    z[r, c, :, start:start + self.wide] += g
+            self._from_phases(z, dx, lo, hi)
+        self._blocks(xp, planes, part)
 
 
 # ------------------------------------------------------------------------------------------------
