@@ -116,11 +116,11 @@ CONV_CASES = {
 PATHS = {
     # name: constants forcing the path
     "default": {},
-    "col2im_small_chunks": {"COL2IM_COST": -1e9, "CHUNK_IMAGES": 2},
-    "flipped_small_chunks": {"COL2IM_COST": 1e9, "CHUNK_IMAGES": 2},
-    "pointwise_stacked": {"POINTWISE_BATCHED_MIN": 1 << 30, "CHUNK_IMAGES": 3},
+    "col2im_small_chunks": {"COL2IM_COST": -1e9, "CHUNK_IMAGES": 2, "CHUNK_COLUMNS": 0},
+    "flipped_small_chunks": {"COL2IM_COST": 1e9, "CHUNK_IMAGES": 2, "CHUNK_COLUMNS": 0},
+    "pointwise_stacked": {"POINTWISE_BATCHED_MIN": 1 << 30, "CHUNK_IMAGES": 3, "CHUNK_COLUMNS": 0},
     "pointwise_batched_tiny_chunks": {"POINTWISE_BATCHED_MIN": 1, "CHUNK_FLOATS": 1},
-    "split_between_3_threads": {"PARALLEL_MIN": 1, "COPY_THREADS": 3, "CHUNK_IMAGES": 3},
+    "split_between_3_threads": {"PARALLEL_MIN": 1, "COPY_THREADS": 3, "CHUNK_IMAGES": 3, "CHUNK_COLUMNS": 0},
 }
 
 
@@ -143,8 +143,15 @@ def test_the_forced_paths_are_taken(monkeypatch):
     layer, _, _ = layer_with(conv_text(6, 5, pad=2), [(5, 4, 9, 9)])
     monkeypatch.setattr(vision, "COL2IM_COST", 1e9)
     monkeypatch.setattr(vision, "CHUNK_IMAGES", 2)
+    monkeypatch.setattr(vision, "CHUNK_COLUMNS", 0)
     flipped, b, t = layer_with(conv_text(6, 5, pad=2), [(5, 4, 9, 9)])
     assert flipped.flip_backward and flipped.chunk == 2
+    # Small planes take more images per chunk: 4 x 81 columns wanted -> 4 images -> 5 images
+    # in 2 even chunks of at most 3.
+    monkeypatch.setattr(vision, "CHUNK_COLUMNS", 4 * 81)
+    wide, b, t = layer_with(conv_text(6, 5, pad=2), [(5, 4, 9, 9)])
+    assert wide.chunk == 3
+    monkeypatch.setattr(vision, "CHUNK_COLUMNS", 0)
     monkeypatch.setattr(vision, "COL2IM_COST", -1e9)
     plain, b, t = layer_with(conv_text(6, 5, pad=2), [(5, 4, 9, 9)])
     assert not plain.flip_backward
@@ -164,6 +171,7 @@ def test_paths_agree_on_a_3d_convolution_and_two_bottoms(monkeypatch):
     text = ('name: "c" type: "Convolution" bottom: "a" bottom: "b" top: "ya" top: "yb" '
             'convolution_param { num_output: 3 kernel_size: 3 pad: 1 }')
     results = []
+    monkeypatch.setattr(vision, "CHUNK_COLUMNS", 0)
     for cost, chunk in ((-1e9, 8), (1e9, 2), (-1e9, 1)):
         monkeypatch.setattr(vision, "COL2IM_COST", cost)
         monkeypatch.setattr(vision, "CHUNK_IMAGES", chunk)
@@ -176,6 +184,7 @@ def test_paths_agree_on_a_3d_convolution_and_two_bottoms(monkeypatch):
 @pytest.mark.parametrize("chunk", [1, 3, 8])
 def test_deconvolution_in_chunks_is_the_adjoint(monkeypatch, chunk):
     monkeypatch.setattr(vision, "CHUNK_IMAGES", chunk)
+    monkeypatch.setattr(vision, "CHUNK_COLUMNS", 0)
     conv, cb, ct = layer_with(conv_text(4, 3, stride=2, pad=1, bias=False), [(5, 3, 9, 9)])
     deconv, db_, dt = layer_with(conv_text(4, 3, stride=2, pad=1, bias=False).replace(
         "Convolution", "Deconvolution").replace("num_output: 4", "num_output: 3"), [(5, 4, 5, 5)])

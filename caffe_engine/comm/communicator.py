@@ -100,6 +100,10 @@ def default_timeout():
 # --------------------------------------------------------------------------------------------
 # Watchdog: a wait that never ends becomes MPI_Abort
 # --------------------------------------------------------------------------------------------
+#: Seconds between printing the abort message and MPI_Abort (see :func:`abort_world`).
+ABORT_GRACE_S = 0.5
+
+
 def abort_world(message, code=1):
     """Print ``message`` on stderr and abort every rank of ``COMM_WORLD`` (or exit if no MPI)."""
     try:
@@ -109,6 +113,11 @@ def abort_world(message, code=1):
         pass
     MPI = mpi_module() if "mpi4py.MPI" in sys.modules else None
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        if MPI.COMM_WORLD.Get_size() > 1:
+            # The launcher forwards our stderr through a pipe; MPI_Abort tears the job down at
+            # once and can drop what is still in it (seen: the message lost under load). A
+            # moment's wait lets the line reach the user first.
+            time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 

@@ -45,6 +45,9 @@ COL_BUFFER_LIMIT = 1 << 25
 #: result back to (N, C, ...) run on data that is still in the CPU's cache (measured best at 8
 #: for LeNet, CIFAR-10 quick, NiN and the inception layers).
 CHUNK_IMAGES = 8
+#: Fewest GEMM columns (images x output positions) of one chunk: small planes take more than
+#: CHUNK_IMAGES images, so that the GEMMs stay wide.
+CHUNK_COLUMNS = 1024
 #: Target floats of one chunk of the per-image 1x1 path (its weight-gradient products).
 CHUNK_FLOATS = 1 << 20
 #: 1x1 convolutions (stride 1, no pad) whose planes have at least this many positions run one
@@ -463,7 +466,8 @@ class _ConvolutionBase(Layer):
                             (self.conv_out_channels + self.conv_in_channels) * self.out_count)
             chunk = max(1, 2 * CHUNK_FLOATS // per_image)
         else:
-            chunk = max(1, min(CHUNK_IMAGES, COL_BUFFER_LIMIT // max(col_per_image, 1)))
+            images = max(CHUNK_IMAGES, -(-CHUNK_COLUMNS // max(self.out_count, 1)))
+            chunk = max(1, min(images, COL_BUFFER_LIMIT // max(col_per_image, 1)))
         chunk = min(chunk, self.num)
         # Even chunks: 100 images in chunks of at most 8 -> 13 chunks of 7 or 8.
         chunks = -(-self.num // chunk)
@@ -714,7 +718,10 @@ class ConvolutionLayer(_ConvolutionBase):
         for i, (b, t) in enumerate(zip(bottom, top)):
             dy = t.diff.reshape(self.num, self.num_output, self.out_count)
             if do_b:
-                self.blobs[1].diff += dy.sum(axis=(0, 2))
+                # Per image and channel a product with ones (Caffe's gemv), then over images:
+                # five times faster than NumPy's reduction over the non-adjacent axes (0, 2).
+                plane_sums = dy.reshape(-1, self.out_count) @ xp.ones(self.out_count, f32)
+                self.blobs[1].diff += plane_sums.reshape(self.num, self.num_output).sum(axis=0)
             if not (do_w or propagate_down[i]):
                 continue
             x = b.data.reshape((self.num, self.channels) + self.in_spatial)
