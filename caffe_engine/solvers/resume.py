@@ -19,7 +19,9 @@ run ran it.
 
 Resuming with ``--snapshot=<solverstate> --exact_resume`` restores all of it after the usual
 restore, so training N iterations straight and N/2 + stop + resume give the same weights, bit
-for bit. The side file is JSON (version 1), written atomically.
+for bit. The side file is JSON (version 1), written atomically. Under ``mpiexec -n P`` rank 0
+writes every rank's state into it (``"ranks"``, :func:`gather`) and each rank restores its own;
+it must be resumed with the same P.
 """
 import base64
 import json
@@ -175,6 +177,38 @@ def capture(solver):
         "test_nets": [net_state(net) for net in solver.test_nets],
         "loss_window": solver.loss_window_state(),
     }
+
+
+def gather(solver):
+    """The side file's content for a data-parallel solver: every rank's :func:`capture`.
+
+    Collective when ``solver.comm`` spans several ranks (each rank reads its own share of the
+    records and draws from its own ``random_seed + rank`` stream, so each needs its own state):
+    returns, on rank 0, rank 0's capture with the list of all ranks' captures under ``"ranks"``;
+    None on the other ranks. Without a communicator (or with one rank) it is :func:`capture`.
+    """
+    content = capture(solver)
+    comm = getattr(solver, "comm", None)
+    if comm is None or comm.size == 1:
+        return content
+    states = comm.allgather_object(content)
+    if comm.rank != 0:
+        return None
+    return dict(states[0], ranks=states)
+
+
+def for_rank(content, rank, size, path):
+    """The part of a side file's ``content`` that rank ``rank`` of ``size`` restores.
+
+    Raises:
+        CaffeError: the file was written by a different number of processes.
+    """
+    ranks = content.get("ranks")
+    written = len(ranks) if ranks is not None else 1
+    if written != size:
+        raise CaffeError(f"--exact_resume: '{path}' was written by {written} process(es), this "
+                         f"run has {size}; resume with the same number of processes")
+    return ranks[rank] if ranks is not None else content
 
 
 def write(path, content):

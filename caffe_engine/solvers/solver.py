@@ -120,6 +120,7 @@ class Solver:
         self.requested_early_exit = False
         self.action_request_function = None
         self.exact_resume = False
+        self._gathered_resume = None
         self.losses = []
         self.smoothed_loss = f32(0)
         self._loss_start_iter = 0
@@ -303,12 +304,12 @@ class Solver:
             self.restore(resume_file)
         self.step(self.param.max_iter - self.iter)
         p = self.param
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self._snapshot_all_ranks()
         if not self.is_root:  # the root snapshots, displays and tests the final weights
             self._wait_for_root()
             logger.info("Optimization Done.")
             return
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
-            self.snapshot()
         if self.requested_early_exit:
             self._wait_for_root()
             logger.info("Optimization stopped early.")
@@ -367,8 +368,7 @@ class Solver:
             if self.comm is not None and self.action_request_function is not None:
                 request = self._root_value(request)
             if (p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT:
-                if self.is_root:
-                    self.snapshot()
+                self._snapshot_all_ranks()
                 self._wait_for_root()
             if request == SolverAction.STOP:
                 self.requested_early_exit = True
@@ -499,7 +499,21 @@ class Solver:
         if self.exact_resume:
             side = resume.side_file(state_filename)
             logger.info("Snapshotting data cursors and random streams to %s", side)
-            resume.write(side, resume.capture(self))
+            content = self._gathered_resume or resume.capture(self)
+            resume.write(side, content)
+
+    def _snapshot_all_ranks(self):
+        """The root snapshots; with ``exact_resume`` every rank's state goes into its side file
+        (collective under MPI: every rank calls this at the same point)."""
+        gathered = None
+        if self.exact_resume and self.comm is not None:
+            gathered = resume.gather(self)
+        if self.is_root:
+            self._gathered_resume = gathered
+            try:
+                self.snapshot()
+            finally:
+                self._gathered_resume = None
 
     def restore(self, state_file, exact_resume=None):
         """Restore iter, lr step, history and (via ``learned_net``) weights from a solver state.
@@ -533,7 +547,8 @@ class Solver:
         if exact_resume:
             side = resume.side_file(state_file)
             logger.info("Restoring data cursors and random streams from %s", side)
-            resume.apply(self, resume.read(side))
+            content = resume.for_rank(resume.read(side), self.rank, self.solver_count, side)
+            resume.apply(self, content)
 
     def _set_current_step(self, step):
         self.current_step = step

@@ -139,3 +139,29 @@ def test_cli_rejects_unknown_comm(capsys):
     assert status == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "carrier_pigeon" in err[0] and err[0].startswith("caffe: ")
+
+
+def test_exact_resume_on_p_ranks_continues_bit_for_bit(world, make, source):
+    """--exact_resume under mpiexec: rank 0 writes every rank's cursor and streams into the side
+    file, each rank restores its own, so 6 + resume + 6 iterations = 12 straight, bit for bit."""
+    size = _size(world)
+    prefix = source.rsplit("/", 1)[0] + "/resume_case"
+
+    def run(comm, restore_from=None, iters=12):
+        param = solver_param(source, BATCH)
+        param.snapshot, param.snapshot_prefix = 6, prefix
+        solver = get_solver(param, comm=comm, bucket_mb=0.001)
+        solver.exact_resume = True
+        if restore_from:
+            solver.restore(restore_from)
+        solver.step(iters - solver.iter)
+        return distributed.param_digests(solver.net), float(solver.smoothed_loss)
+
+    straight = run(make("tree"))
+    state = f"{prefix}_iter_6.solverstate"
+    resumed = run(make("tree"), restore_from=state)
+    assert resumed == straight
+    if size > 1:
+        import json
+        with open(state + ".resume") as f:
+            assert len(json.load(f)["ranks"]) == size
