@@ -483,6 +483,17 @@ def device_query(flags):
 COMMANDS = {"train": train, "test": test, "time": time_, "device_query": device_query}
 
 
+def _speaks():
+    """Whether this process prints a command-line error: under ``mpiexec -n P`` only rank 0 does.
+
+    The errors that reach :func:`main` come from the flags and the set-up before the ranks are
+    joined (failures after that end the job through ``distributed.guard``), so every rank has
+    the same one; P copies of it would only bury it.
+    """
+    from .comm.communicator import launcher_rank_size
+    return launcher_rank_size()[0] == 0
+
+
 def main(argv=None):
     """Entry point of the ``caffe`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -494,11 +505,13 @@ def main(argv=None):
             raise UsageError(what)
         return COMMANDS[positional[0]](flags)
     except UsageError as exc:
-        sys.stderr.write(USAGE)
-        sys.stderr.write(f"caffe: {exc}\n")
+        if _speaks():
+            sys.stderr.write(USAGE)
+            sys.stderr.write(f"caffe: {exc}\n")
         return 1
     except CaffeError as exc:
-        sys.stderr.write(f"caffe: {exc}\n")
+        if _speaks():
+            sys.stderr.write(f"caffe: {exc}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("caffe: interrupted\n")

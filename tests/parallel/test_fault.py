@@ -77,3 +77,16 @@ def test_failure_on_one_rank_ends_the_job(mode, message):
     assert any(m in output for m in message.split("|")), output
     assert "rank 0 finished" not in output
     assert seconds < 30, f"took {seconds:.1f} s"
+
+
+def test_a_command_line_error_is_printed_once_not_once_per_rank():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "caffe_engine", "train",
+                           "--solver", "models/lenet/lenet_solver.prototxt", "--comm", "bogus"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["caffe: --comm: unknown communicator 'bogus' "
+                     "(known: tree, ring, ps, mpi, nccl)"], proc.stderr
