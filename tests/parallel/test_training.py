@@ -138,7 +138,11 @@ def test_cli_rejects_unknown_comm(capsys):
     status = cli.main(["train", "--solver", "whatever.prototxt", "--comm", "carrier_pigeon"])
     assert status == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "carrier_pigeon" in err[0] and err[0].startswith("caffe: ")
+    from caffe_engine.comm.communicator import launcher_rank_size
+    if launcher_rank_size()[0] == 0:
+        assert len(err) == 1 and "carrier_pigeon" in err[0] and err[0].startswith("caffe: ")
+    else:  # under mpiexec only rank 0 prints a command-line error
+        assert err == []
 
 
 def test_exact_resume_on_p_ranks_continues_bit_for_bit(world, make, source):
