@@ -5,6 +5,8 @@ on one of their blobs' arrays (Chainer's idiom), so one body serves both devices
 blobs are allocated with is the process-wide mode set by :func:`set_mode_cpu` / :func:`set_mode_gpu`
 (pycaffe's names).
 """
+import os
+
 import numpy
 
 _state = {"xp": numpy, "device": 0}
@@ -17,6 +19,14 @@ def get_array_module(*arrays):
             import cupy
             return cupy
     return numpy
+
+
+def cpu_cores():
+    """CPU cores this process may run on (its affinity mask where the OS has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (not Linux)
+        return os.cpu_count() or 1
 
 
 def xp():

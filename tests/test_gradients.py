@@ -20,15 +20,21 @@ STEPSIZE = 1e-2
 THRESHOLD = 1e-3
 
 
+def blobs_of(values):
+    """One float32 Blob per array, holding its values (data only)."""
+    blobs = []
+    for value in values:
+        blob = Blob(value.shape)
+        blob.data[...] = value
+        blobs.append(blob)
+    return blobs
+
+
 def make_layer(text, bottom_values, seed=0):
     """Create and set up a layer from prototxt text; params get random values."""
     lp = text_format.Parse(text, caffe_pb2.LayerParameter())
     layer = create_layer(lp, caffe_pb2.TRAIN)
-    bottoms = []
-    for value in bottom_values:
-        blob = Blob(value.shape)
-        blob.data[...] = value
-        bottoms.append(blob)
+    bottoms = blobs_of(bottom_values)
     tops = [Blob() for _ in lp.top]
     layer.setup(bottoms, tops)
     rng = numpy.random.RandomState(seed)

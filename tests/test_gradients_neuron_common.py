@@ -14,7 +14,7 @@ from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.rng import set_random_seed
-from test_gradients import check_gradient, distinct, gaussian, make_layer
+from test_gradients import blobs_of, check_gradient, distinct, gaussian, make_layer
 
 f32 = numpy.float32
 
@@ -36,11 +36,7 @@ def build(text, values, phase=caffe_pb2.TEST, in_place=False):
     """
     lp = text_format.Parse(text, caffe_pb2.LayerParameter())
     layer = create_layer(lp, phase)
-    bottoms = []
-    for v in values:
-        blob = Blob(v.shape)
-        blob.data[...] = v
-        bottoms.append(blob)
+    bottoms = blobs_of(values)
     tops = [bottoms[0]] if in_place else [Blob() for _ in lp.top]
     layer.setup(bottoms, tops)
     return layer, bottoms, tops

@@ -22,7 +22,7 @@ from caffe_engine.io.blobproto import write_blobproto
 from caffe_engine.layers import create_layer
 from caffe_engine.net import Net
 from caffe_engine.proto import caffe_pb2
-from test_gradients import gaussian, make_layer
+from test_gradients import blobs_of, gaussian, make_layer
 
 f32 = numpy.float32
 
@@ -88,11 +88,7 @@ def layer_from(text, values, phase=caffe_pb2.TRAIN):
     if not lp.top:
         lp.top.append("t0")
     layer = create_layer(lp, phase)
-    bottoms = []
-    for v in values:
-        blob = Blob(v.shape)
-        blob.data[...] = v
-        bottoms.append(blob)
+    bottoms = blobs_of(values)
     tops = [Blob() for _ in lp.top]
     layer.setup(bottoms, tops)
     return layer, bottoms, tops

@@ -15,16 +15,7 @@ from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 
-from test_gradients import check_gradient, distinct, gaussian, make_layer
-
-
-def _blobs(values):
-    blobs = []
-    for v in values:
-        blob = Blob(v.shape)
-        blob.data[...] = v
-        blobs.append(blob)
-    return blobs
+from test_gradients import blobs_of, check_gradient, distinct, gaussian, make_layer
 
 
 def _layer(text, values, ntop):
@@ -32,7 +23,7 @@ def _layer(text, values, ntop):
     lp.bottom.extend(f"b{i}" for i in range(len(values)))
     lp.top.extend(f"t{i}" for i in range(ntop))
     layer = create_layer(lp, caffe_pb2.TRAIN)
-    bottoms, tops = _blobs(values), [Blob() for _ in range(ntop)]
+    bottoms, tops = blobs_of(values), [Blob() for _ in range(ntop)]
     layer.setup(bottoms, tops)
     return layer, bottoms, tops
 

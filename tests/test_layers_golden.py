@@ -19,6 +19,7 @@ from caffe_engine.layers import create_layer, vision
 from caffe_engine.proto import caffe_pb2
 
 from caffe_engine.layers import layer_type_list
+from test_gradients import blobs_of
 
 ALL_CASES = [c for c in golden.manifest()["cases"] if c["kind"] == "layer"]
 LAYER_TYPES = {"Convolution", "Pooling", "InnerProduct", "Input", "ReLU", "Softmax",
@@ -141,11 +142,7 @@ def _make(text, values, ntop):
     lp.bottom.extend(f"b{i}" for i in range(len(values)))
     lp.top.extend(f"t{i}" for i in range(ntop))
     layer = create_layer(lp, caffe_pb2.TEST)
-    bottoms = []
-    for v in values:
-        blob = Blob(v.shape)
-        blob.data[...] = v
-        bottoms.append(blob)
+    bottoms = blobs_of(values)
     tops = [Blob() for _ in range(ntop)]
     layer.setup(bottoms, tops)
     return layer, bottoms, tops

@@ -1,5 +1,4 @@
 """The schema: generated module in sync with proto/caffe.proto, and Caffe's files parse."""
-import os
 import subprocess
 import sys
 from pathlib import Path

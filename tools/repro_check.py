@@ -34,7 +34,6 @@ Examples:
 import argparse
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile

@@ -36,19 +36,13 @@ import tempfile
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
+from caffe_engine.backend import cpu_cores  # noqa: E402
 from caffe_engine.comm import cost_model  # noqa: E402
 from caffe_engine.io import prototxt  # noqa: E402
 from caffe_engine.proto import caffe_pb2  # noqa: E402
 
 _LAYER_LINE = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.e+-]+) ms\.")
 _RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
-
-
-def cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def caffe_cmd():
@@ -122,7 +116,7 @@ def main(argv=None):
     batch = _train_batch(net_path)
     model = cost_model.AlphaBetaModel.load(args.cost_model)
     grads = param_bytes(net_path)
-    n_cores = cores()
+    n_cores = cpu_cores()
     rows = []
     workdir = tempfile.mkdtemp(prefix="scaling_check_")
     try:

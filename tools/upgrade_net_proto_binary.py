@@ -7,14 +7,9 @@ Caffe: tools/upgrade_net_proto_binary.cpp. Same upgrades as upgrade_net_proto_te
 are carried over layer by layer); the result is written as a binary NetParameter. Errors are one
 line on stderr and exit status 1.
 """
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from caffe_engine.io.upgrade import run_upgrade_tool  # noqa: E402
+import _launch
 
 if __name__ == "__main__":
-    sys.exit(run_upgrade_tool("upgrade_net_proto_binary"))
+    sys.exit(_launch.run("caffe_engine.io.upgrade", "run_upgrade_tool", "upgrade_net_proto_binary"))

@@ -9,14 +9,9 @@ caffe_engine/io/upgrade.py); the result is written as text. A file already in th
 is written back unchanged, with Caffe's note. Errors are one line on stderr and exit status 1
 (also when Caffe would report problems during the upgrade; the output is written anyway).
 """
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from caffe_engine.io.upgrade import run_upgrade_tool  # noqa: E402
+import _launch
 
 if __name__ == "__main__":
-    sys.exit(run_upgrade_tool("upgrade_net_proto_text"))
+    sys.exit(_launch.run("caffe_engine.io.upgrade", "run_upgrade_tool", "upgrade_net_proto_text"))

@@ -7,14 +7,9 @@ Caffe: tools/upgrade_solver_proto_text.cpp. solver_type: NESTEROV becomes type: 
 so on. Errors (both solver_type and type given, unreadable file) are one line on stderr and exit
 status 1.
 """
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from caffe_engine.io.upgrade import run_upgrade_tool  # noqa: E402
+import _launch
 
 if __name__ == "__main__":
-    sys.exit(run_upgrade_tool("upgrade_solver_proto_text"))
+    sys.exit(_launch.run("caffe_engine.io.upgrade", "run_upgrade_tool", "upgrade_solver_proto_text"))

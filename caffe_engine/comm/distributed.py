@@ -117,11 +117,7 @@ def share_cores(comm):
         from threadpoolctl import threadpool_limits
     except ImportError:
         return None
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    threads = max(1, cores // local_size)
+    threads = max(1, backend.cpu_cores() // local_size)
     # The limit holds for the process's lifetime (the object is not used as a context manager).
     threadpool_limits(limits=threads, user_api="blas")
     logging.getLogger("caffe_engine").debug("%d ranks on this host: %d BLAS threads each",

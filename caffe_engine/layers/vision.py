@@ -31,7 +31,7 @@ import threading
 import numpy
 
 from .. import fillers
-from ..backend import get_array_module
+from ..backend import cpu_cores, get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
 from .base import Layer, register
@@ -121,10 +121,7 @@ workspace = Workspace()
 
 
 def _budget_threads():
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
+    n = cpu_cores()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         try:
             value = int(os.environ[var])

@@ -120,7 +120,6 @@ class Solver:
         self.requested_early_exit = False
         self.action_request_function = None
         self.exact_resume = False
-        self._gathered_resume = None
         self.losses = []
         self.smoothed_loss = f32(0)
         self._loss_start_iter = 0
@@ -476,12 +475,13 @@ class Solver:
     def snapshot_filename(self, extension):
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
 
-    def snapshot(self):
+    def snapshot(self, resume_content=None):
         """Write the weights and the solver state (atomically), in ``snapshot_format``.
 
         BINARYPROTO: ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate``; HDF5:
         ``.caffemodel.h5`` and ``.solverstate.h5``. With :attr:`exact_resume` also the solver
-        state's ``.resume`` side file.
+        state's ``.resume`` side file: ``resume_content`` (every rank's, from
+        :func:`resume.gather`) or this process's own.
         """
         fmt = self.param.snapshot_format
         if fmt == caffe_pb2.SolverParameter.HDF5:
@@ -499,8 +499,7 @@ class Solver:
         if self.exact_resume:
             side = resume.side_file(state_filename)
             logger.info("Snapshotting data cursors and random streams to %s", side)
-            content = self._gathered_resume or resume.capture(self)
-            resume.write(side, content)
+            resume.write(side, resume_content or resume.capture(self))
 
     def _snapshot_all_ranks(self):
         """The root snapshots; with ``exact_resume`` every rank's state goes into its side file
@@ -509,11 +508,7 @@ class Solver:
         if self.exact_resume and self.comm is not None:
             gathered = resume.gather(self)
         if self.is_root:
-            self._gathered_resume = gathered
-            try:
-                self.snapshot()
-            finally:
-                self._gathered_resume = None
+            self.snapshot(gathered)
 
     def restore(self, state_file, exact_resume=None):
         """Restore iter, lr step, history and (via ``learned_net``) weights from a solver state.

@@ -3,17 +3,13 @@ threads each on 2 cores ran 5x slower than with one each).
 
 Runs under ``mpiexec -n K`` (every rank calls the collective split) and without a launcher.
 """
-import os
 
 import pytest
 
+from caffe_engine.backend import cpu_cores
 from caffe_engine.comm import distributed
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
-
-
-def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def _blas_threads():
@@ -33,7 +29,7 @@ def test_ranks_on_one_host_split_the_cores(make, monkeypatch):
             assert _blas_threads() == before
         else:
             # mpiexec on one machine: every rank is local.
-            assert got == max(1, _cores() // comm.size)
+            assert got == max(1, cpu_cores() // comm.size)
             assert _blas_threads() == got
 
 
