@@ -5,7 +5,8 @@ Data layer's prefetch thread against loading on the caller's thread.
 The convolution paths (see ``caffe_engine/layers/vision.py``) are chosen per layer by shape; the
 tests force each one through the module's constants (monkeypatched): ``CHUNK_IMAGES`` (chunk
 boundaries), ``POINTWISE_BATCHED_MIN`` (1x1 per-image GEMMs or stacked columns) and
-``COL2IM_COST`` (backward-data through col2im or as a convolution of the top diff).
+``COL2IM_COST`` (backward-data through col2im or as a convolution of the top diff) and
+``ROWS_MIN_CHANNELS``/``ROWS_MAX_CHANNELS`` (the pixel-major im2row layout or the batch-last one).
 """
 import gc
 import logging
@@ -121,6 +122,11 @@ PATHS = {
     "pointwise_stacked": {"POINTWISE_BATCHED_MIN": 1 << 30, "CHUNK_IMAGES": 3, "CHUNK_COLUMNS": 0},
     "pointwise_batched_tiny_chunks": {"POINTWISE_BATCHED_MIN": 1, "CHUNK_FLOATS": 1},
     "split_between_3_threads": {"PARALLEL_MIN": 1, "COPY_THREADS": 3, "CHUNK_IMAGES": 3, "CHUNK_COLUMNS": 0},
+    "rows_col2im": {"ROWS_MIN_CHANNELS": 1, "ROWS_MAX_CHANNELS": 1 << 30, "COL2IM_COST": -1e9,
+                    "CHUNK_COLUMNS": 100},
+    "rows_flipped": {"ROWS_MIN_CHANNELS": 1, "ROWS_MAX_CHANNELS": 1 << 30, "COL2IM_COST": 1e9,
+                     "CHUNK_COLUMNS": 1},
+    "no_rows": {"ROWS_MIN_CHANNELS": None},
 }
 
 
@@ -165,6 +171,36 @@ def test_the_forced_paths_are_taken(monkeypatch):
     assert not strided.pointwise and strided.phased
     dilated, b, t = layer_with(conv_text(4, 3, stride=2, dilation=2), [(5, 6, 9, 9)])
     assert not dilated.phased
+    monkeypatch.setattr(vision, "ROWS_MIN_CHANNELS", 4)
+    rows, b, t = layer_with(conv_text(6, 5, pad=2), [(5, 4, 9, 9)])
+    assert rows.rowwise
+    for text in (conv_text(6, 5, pad=2, group=2), conv_text(6, 3, pad=2, dilation=2),
+                 conv_text(6, 1)):
+        other, b, t = layer_with(text, [(5, 4, 9, 9)])
+        assert not other.rowwise
+    fewer, b, t = layer_with(conv_text(6, 5, pad=2), [(5, 3, 9, 9)])
+    assert not fewer.rowwise
+
+
+@pytest.mark.parametrize("path", ["default", "rows_col2im", "rows_flipped", "no_rows"])
+def test_rectangular_kernel_stride_and_pad_with_two_bottoms(monkeypatch, path):
+    """kernel 3x5, stride 2x1, pad 1x2 (each axis its own), on two bottoms sharing weights."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setattr(vision, name, value)
+    text = ('name: "c" type: "Convolution" bottom: "a" bottom: "b" top: "ya" top: "yb" '
+            'convolution_param { num_output: 5 kernel_h: 3 kernel_w: 5 stride_h: 2 stride_w: 1 '
+            'pad_h: 1 pad_w: 2 }')
+    layer, bottoms, tops = layer_with(text, [(3, 4, 9, 7), (3, 4, 9, 7)])
+    ys, dxs, (dw, db) = run_layer(layer, bottoms, tops)
+    want_dw, want_db = 0, 0
+    for x, y, dx, top in zip(bottoms, ys, dxs, tops):
+        ref = reference_conv(x.data, layer.blobs[0].data, layer.blobs[1].data, (2, 1), (1, 2),
+                             (1, 1), 1, top.diff)
+        for got, r in zip((y, dx), ref[:2]):
+            numpy.testing.assert_allclose(got, r, rtol=1e-4, atol=1e-4 * numpy.abs(r).max())
+        want_dw, want_db = want_dw + ref[2], want_db + ref[3]
+    numpy.testing.assert_allclose(dw, want_dw, rtol=1e-4, atol=1e-4 * numpy.abs(want_dw).max())
+    numpy.testing.assert_allclose(db, want_db, rtol=1e-4, atol=1e-4 * numpy.abs(want_db).max())
 
 
 def test_paths_agree_on_a_3d_convolution_and_two_bottoms(monkeypatch):
