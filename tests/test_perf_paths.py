@@ -102,6 +102,7 @@ CONV_CASES = {
     # name: (bottom shape, num_output, kernel, stride, pad, dilation, group)
     "5x5_same": ((5, 4, 9, 9), 6, 5, 1, 2, 1, 1),
     "5x5_valid": ((3, 3, 10, 8), 5, 5, 1, 0, 1, 1),
+    "3x3_wide": ((2, 3, 5, 17), 4, 3, 1, 1, 1, 1),
     "3x3_stride2_pad1": ((4, 3, 9, 11), 4, 3, 2, 1, 1, 1),
     "7x7_stride2_pad3": ((2, 3, 15, 15), 4, 7, 2, 3, 1, 1),
     "3x3_dilated": ((3, 2, 11, 11), 3, 3, 1, 2, 2, 1),

@@ -801,9 +801,19 @@ class _ConvolutionBase(Layer):
         xp.matmul(dyr2, wr, out=dcol.reshape(n * oh * ow, kh * kw * c))
         dxh = workspace.get(xp, "pad", (n, h + 2 * ph, w + 2 * pw, c))
         dxh.fill(0)
+        # Each position sums its kernel offsets in Caffe's col2im order (row-major). Narrow
+        # outputs add a whole kernel row (KW * C contiguous floats) per output column, from the
+        # last column to the first so that each position still sees j increasing; wide ones
+        # add one offset's (OH, OW, C) window at a time.
+        by_column = ow <= 2 * kw
         for i in range(kh):
-            for j in range(kw):
-                dxh[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += dcol[:, :, :, i, j]
+            rows = slice(i, i + sh * (oh - 1) + 1, sh)
+            if by_column:
+                for q in range(ow - 1, -1, -1):
+                    dxh[:, rows, q * sw:q * sw + kw] += dcol[:, :, q, i]
+            else:
+                for j in range(kw):
+                    dxh[:, rows, j:j + sw * (ow - 1) + 1:sw] += dcol[:, :, :, i, j]
         dx[...] = dxh[:, ph:ph + h, pw:pw + w].transpose(0, 3, 1, 2)
 
     def _param_flags(self):
