@@ -26,8 +26,15 @@ ablations of docs/performance.md.
                                 [--iters 20] [--warmup 3] [--repeats 1] [--threads 2]
                                 [--no-torch] [--json out.json] [--set NAME=VALUE ...]
                                 [--prefetch N]
+    python tools/bench_train.py --write-nets DIR [--nets ...]   # then: caffe time --model
+                                                                  #   DIR/<net>/train.prototxt
+
+``--write-nets DIR`` times nothing: it writes each net's benchmarked TRAIN prototxt and its
+random LMDB (and mean file) under ``DIR/<net>/``, for ``caffe time``'s per-layer profile of
+exactly what the benchmark runs.
 """
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -97,6 +104,24 @@ def train_net_param(net, folder):
     return param
 
 
+def write_nets(nets, folder):
+    """``--write-nets``: each net's TRAIN NetParameter and random LMDB under ``folder/<net>/``."""
+    from google.protobuf import text_format
+    for net in nets:
+        target = os.path.join(os.path.abspath(folder), net)
+        if os.path.exists(os.path.join(target, "train_lmdb")):
+            print(f"bench_train: {target} already holds a written net; choose another --write-nets "
+                  f"folder", file=sys.stderr)
+            return 1
+        os.makedirs(target, exist_ok=True)
+        path = os.path.join(target, "train.prototxt")
+        with open(path + ".tmp", "w") as out:
+            out.write(text_format.MessageToString(train_net_param(net, target)))
+        os.replace(path + ".tmp", path)
+        print(f"caffe time --model {path} --iterations 5")
+    return 0
+
+
 def count_flops(net):
     """Training FLOPs per iteration of an engine Net, 2 per multiply-add of every Convolution and
     InnerProduct: forward, backward to the weights, and backward to the data where the net
@@ -108,6 +133,20 @@ def count_flops(net):
             macs = tops[0].count * (weight.count // weight.shape[0])
             total += (2 + any(need_down)) * 2 * macs
     return total
+
+
+def peak_rss_mb():
+    """This process's peak resident set size in MiB: Linux's ``VmHWM``, which starts afresh
+    at exec (``getrusage``'s ``ru_maxrss`` of a child starts at its parent's peak), else
+    ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def gemm_peak(threads, size=2048, reps=7):
@@ -323,6 +362,8 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a constant of caffe_engine/layers/vision.py (engine runs)")
     parser.add_argument("--prefetch", type=int, help="data_param.prefetch of every Data layer")
+    parser.add_argument("--write-nets", metavar="DIR",
+                        help="write the nets' TRAIN prototxts and LMDBs under DIR, time nothing")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     nets = [n for n in args.nets.split(",") if n]
@@ -330,6 +371,8 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown net(s): {', '.join(unknown)} (known: {', '.join(NETS)})")
 
+    if args.write_nets:
+        return write_nets(nets, args.write_nets)
     if args.worker:
         net = nets[0]
         if args.worker == "peak":
@@ -338,16 +381,16 @@ def main(argv=None):
             out = worker_engine(net, args.iters, args.warmup, args.set, args.prefetch)
         else:
             out = worker_torch(net, args.iters, args.warmup, args.threads)
-        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(out))
         return 0
 
+    # Looked up, not imported: the workers are this process's children, and a child's
+    # getrusage high-water mark starts at its parent's.
     have_torch = False
     if not args.no_torch:
-        try:
-            import torch  # noqa: F401
-            have_torch = True
-        except ImportError:
+        have_torch = importlib.util.find_spec("torch") is not None
+        if not have_torch:
             print("PyTorch not installed: engine only (pip install -e '.[bench]')")
     peak = run_worker("peak", nets[0], args)["gflops"]
     print(f"float32 GEMM peak (2048^3, {args.threads} threads): {peak:.0f} GFLOP/s; "

@@ -4,12 +4,16 @@ helpers they share.
 Caffe: src/caffe/layers/base_conv_layer.cpp, conv_layer.cpp, deconv_layer.cpp,
 im2col_layer.cpp, pooling_layer.cpp, spp_layer.cpp, src/caffe/util/im2col.cpp.
 
-Every layer works on a whole batch at once; there is no Python loop over images or pixels.
+No layer loops over pixels in Python; the convolutions loop over chunks of images, each chunk
+small enough for its columns to stay in the CPU's cache between the copy that writes them and
+the GEMM that reads them (``CHUNK_IMAGES``, ``CHUNK_COLUMNS``).
 
-* Convolution lays the batch out as one column matrix ``(C * prod(kernel), N * prod(out))`` with a
-  single strided copy (:func:`im2col`) and runs one GEMM per group. Caffe does the same per image;
-  the sums are the same, only BLAS's summation order differs. Large batches are cut into a few
-  chunks so that the column buffer stays under ``COL_BUFFER_LIMIT`` floats.
+* Convolution picks a path per layer by shape (see :class:`ConvolutionLayer`): im2col in a
+  batch-last layout ``(C * prod(kernel), P * n)`` and one GEMM per group per chunk; a
+  pixel-major im2row layout ``(n * P, prod(kernel) * C)`` for 2-D layers with 32-64 input
+  channels; no columns at all for unpadded stride-1 1x1 layers; backward-data as a convolution
+  of the top diff where a cost model says so. Caffe does one GEMM per image; the sums are the
+  same, only BLAS's summation order differs. docs/performance.md measures each path.
 * Deconvolution runs the same pieces the other way round (W^T GEMM then col2im forward; im2col of
   the top diff in backward); Im2col exposes the column buffer itself as its top.
 * SPP runs one Pooling layer per pyramid level and concatenates the flattened results.
@@ -55,13 +59,14 @@ CHUNK_FLOATS = 1 << 20
 POINTWISE_BATCHED_MIN = 1
 #: Strided 2-D convolutions read their input by stride phase in im2col (long contiguous runs).
 STRIDE_PHASES = True
-#: 2-D convolutions (group 1, dilation 1, not 1x1) with ROWS_MIN_CHANNELS..ROWS_MAX_CHANNELS
-#: input channels run pixel-major ("im2row", see ``_rows_forward``): the GEMMs put the images'
-#: positions on the long side and the channels on the short one, the layout in which OpenBLAS
-#: reaches 150-170 GFLOP/s on this machine for 32-64 channels where the channel-major layout
-#: reaches 90-110. Measured by layer shape: 10-40 % faster forward+backward for 32-64 input
-#: channels, even for more, slower for fewer (the im2row runs of KW * C floats get short).
-#: None: never.
+#: 2-D convolutions (group 1, dilation 1, not an unpadded stride-1 1x1) with
+#: ROWS_MIN_CHANNELS..ROWS_MAX_CHANNELS input channels run pixel-major ("im2row", see
+#: ``_rows_forward``): the GEMMs put the images' positions on the long side and the channels on
+#: the short one, the layout in which OpenBLAS ran a 32-channel chunk's three products at
+#: 139-174 GFLOP/s on this machine where the channel-major layout ran them at 56-107.
+#: Measured by layer shape (forward+backward): 3-40 % faster for 32-64 input channels, even
+#: to slightly slower for more, slower for fewer (the im2row runs of KW * C floats get short).
+#: ROWS_MIN_CHANNELS None: never; ROWS_MAX_CHANNELS None: no upper bound.
 ROWS_MIN_CHANNELS = 32
 ROWS_MAX_CHANNELS = 64
 #: Threads sharing the elementwise work of a layer call (im2col/col2im copies, layout
@@ -465,7 +470,9 @@ class _ConvolutionBase(Layer):
         self.rowwise = (ROWS_MIN_CHANNELS is not None and not self.reverse and not self.pointwise
                         and self.num_spatial == 2 and self.group == 1
                         and all(d == 1 for d in self.dilation)
-                        and ROWS_MIN_CHANNELS <= self.conv_in_channels <= ROWS_MAX_CHANNELS)
+                        and self.conv_in_channels >= ROWS_MIN_CHANNELS
+                        and (ROWS_MAX_CHANNELS is None
+                             or self.conv_in_channels <= ROWS_MAX_CHANNELS))
         self.flip_backward = self._flip_backward_pays()
         if self.flip_backward:
             # The backward-data convolution's columns: (C_out * prod(kernel)) x in positions.
@@ -635,9 +642,11 @@ class _ConvolutionBase(Layer):
         unless ``first``) ``b @ a^T`` per group, for ``a`` (group, M / g, N) and ``b``
         (group, K, N); the caller adds ``acc^T`` to the blob's diff once, after the last chunk.
 
-        Transposed because OpenBLAS runs this long-inner-dimension product 1.2-2x faster with
-        the K side as the output's rows (e.g. 32 x 800 over 2048 columns: 148 against 81
-        GFLOP/s; 16 x 1600: 111 against 52), measured at 10-192 output channels.
+        Transposed because OpenBLAS runs this long-inner-dimension product 1.15-2.1x faster
+        with the K side as the output's rows (e.g. 32 x 800 over 2048 columns: 148 against 81
+        GFLOP/s; 16 x 1600: 111 against 52; 192 x 2400: 166 against 144), measured at 10-192
+        output channels. (The pixel-major path's product, ``dy_rows^T @ rows``, measured the
+        same either way round: 142 against 146 GFLOP/s at 32 x 800.)
         """
         if first:
             xp.matmul(b, a.transpose(0, 2, 1), out=acc)
@@ -657,8 +666,9 @@ class _ConvolutionBase(Layer):
     def _flipped_weights(self, xp):
         """The weights of backward-data as a convolution: (group, C_in / g, C_out / g * K).
 
-        Entry ``[g, c, (m, k)]`` is ``W[g * C_out / g + m, c, kernel - 1 - k]`` (every spatial
-        axis reversed): the transposed, rotated filter bank.
+        Entry ``[g, c, (m, k)]`` is ``W[g * (C_out / g) + m, c, kernel - 1 - k]`` (every
+        spatial axis reversed; ``k`` runs over the kernel's prod(kernel) offsets): the
+        transposed, rotated filter bank.
         """
         g, d = self.group, self.num_spatial
         m_g, c_g = self.conv_out_channels // g, self.conv_in_channels // g
