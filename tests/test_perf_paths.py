@@ -523,3 +523,37 @@ def test_prefetch_zero_starts_no_thread(tmp_path):
     assert layer._prefetcher is None and len(threads_named("prefetch:d")) == before
     assert data_module.BatchPrefetcher is not None
     layer.close()
+
+
+@pytest.mark.parametrize("path", ["default", "rows_col2im", "rows_flipped"])
+@pytest.mark.parametrize("do_w, do_x", [(True, False), (False, True)])
+def test_weight_or_data_gradient_alone(monkeypatch, path, do_w, do_x):
+    """Only the gradients asked for are computed (a first layer; frozen weights), and they
+    are the reference's; a diff not asked for is left as it was."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setattr(vision, name, value)
+    layer, bottoms, tops = layer_with(conv_text(6, 5, pad=2), [(5, 4, 9, 9)])
+    layer.param_propagate_down = [do_w, do_w]
+    layer.reshape(bottoms, tops)
+    layer.forward(bottoms, tops)
+    r = numpy.random.RandomState(1)
+    tops[0].diff[...] = r.standard_normal(tops[0].shape)
+    sentinel = F32(7)
+    bottoms[0].diff[...] = sentinel
+    for b in layer.blobs:
+        b.diff[...] = sentinel
+    layer.backward(tops, [do_x], bottoms)
+    _, dx, dw, db = reference_conv(bottoms[0].data, layer.blobs[0].data, layer.blobs[1].data,
+                                   (1, 1), (2, 2), (1, 1), 1, tops[0].diff)
+    got_dx, got_dw, got_db = bottoms[0].diff, layer.blobs[0].diff, layer.blobs[1].diff
+    if do_x:
+        numpy.testing.assert_allclose(got_dx, dx, rtol=1e-4, atol=1e-4 * numpy.abs(dx).max())
+    else:
+        assert (got_dx == sentinel).all()
+    if do_w:   # accumulated onto what was there
+        numpy.testing.assert_allclose(got_dw, dw + sentinel, rtol=1e-4,
+                                      atol=1e-4 * numpy.abs(dw).max())
+        numpy.testing.assert_allclose(got_db, db + sentinel, rtol=1e-4,
+                                      atol=1e-4 * numpy.abs(db).max())
+    else:
+        assert (got_dw == sentinel).all() and (got_db == sentinel).all()
