@@ -6,6 +6,7 @@ Golden sources: shared/data (the LMDBs Caffe read), shared/caffe_reference/train
 import gzip
 import json
 import logging
+import os
 import struct
 import subprocess
 import sys
@@ -464,3 +465,29 @@ def test_cursor_wraps_and_counts(tmp_path, images):
             cursor.next()
         assert keys == [b"00000000", b"00000001", b"00000002"] * 2 + [b"00000000"]
         assert cursor.offset == 7
+
+
+def test_a_cursor_collected_while_another_opens_does_not_deadlock(tmp_path, monkeypatch):
+    """The garbage collector may run a dying cursor's __del__ inside lmdb.open, on the thread
+    that holds the shared-environment lock: releasing must not wait for that lock forever."""
+    import threading
+
+    from caffe_engine.io import lmdb_source
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_lmdb(str(first), [(b"a", b"1")])
+    write_lmdb(str(second), [(b"b", b"2")])
+    dying = [LMDBCursor(str(first))]
+    real_open = lmdb_source._open_env
+
+    def open_and_collect(path, *args, **kwargs):
+        dying.clear()           # the last reference: __del__ runs here, lock held
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(lmdb_source, "_open_env", open_and_collect)
+    opened = []
+    worker = threading.Thread(target=lambda: opened.append(LMDBCursor(str(second))), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "deadlock: __del__ waited for the lock its thread held"
+    assert opened[0].key() == b"b"
+    opened[0].close()
+    assert os.path.realpath(str(first)) not in lmdb_source._shared_envs

@@ -49,8 +49,11 @@ def _open_env(path, readonly=True, map_size=10 * 1024 * 1024):
 # Python's lmdb refuses to open one environment twice in a process, but a TRAIN and a TEST net
 # may read the same database: read-only environments are shared, counted, closed with the last
 # user. Each cursor still has its own read transaction (lmdb opens environments with MDB_NOTLS).
+# Re-entrant: a cursor collected while this thread holds the lock (the garbage collector can run
+# inside lmdb.open in _acquire_env) releases its environment from __del__ on the same thread;
+# with a plain Lock that __del__ would wait for itself forever.
 _shared_envs = {}
-_shared_lock = threading.Lock()
+_shared_lock = threading.RLock()
 
 
 def _acquire_env(path):
