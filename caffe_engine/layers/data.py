@@ -157,6 +157,22 @@ def _stop_all_prefetchers():
 _DEPRECATED_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
 
+def _synced(name, doc, on_read=True):
+    """A DataLayer attribute kept in ``_<name>`` whose setter (and getter when ``on_read``)
+    first stops the prefetch thread and rewinds to the first batch not yet forwarded."""
+    slot = "_" + name
+
+    def get(self):
+        if on_read:
+            self._sync()
+        return getattr(self, slot)
+
+    def set(self, value):
+        self._sync()
+        setattr(self, slot, value)
+    return property(get, set, doc=doc)
+
+
 @register("Data")
 class DataLayer(Layer):
     """Batches of ``Datum`` records read from an LMDB in key order, wrapping at the end.
@@ -227,43 +243,13 @@ class DataLayer(Layer):
         self.thread_seed = None
 
     # -- state the prefetch thread advances: reading it stops the thread and rewinds --------------
-    @property
-    def cursor(self):
-        self._sync()
-        return self._cursor
-
-    @cursor.setter
-    def cursor(self, value):
-        self._sync()
-        self._cursor = value
-
-    @property
-    def transformer(self):
-        self._sync()
-        return self._transformer
-
-    @transformer.setter
-    def transformer(self, value):
-        self._sync()
-        self._transformer = value
-
-    @property
-    def solver_count(self):
-        return self._solver_count
-
-    @solver_count.setter
-    def solver_count(self, value):
-        self._sync()
-        self._solver_count = value
-
-    @property
-    def solver_rank(self):
-        return self._solver_rank
-
-    @solver_rank.setter
-    def solver_rank(self, value):
-        self._sync()
-        self._solver_rank = value
+    cursor = _synced("cursor", "The LMDBCursor; reading or setting it stops prefetching.")
+    transformer = _synced("transformer", "The DataTransformer; reading or setting it stops "
+                                         "prefetching.")
+    solver_count = _synced("solver_count", "Ranks sharing the records; setting it stops "
+                                           "prefetching.", on_read=False)
+    solver_rank = _synced("solver_rank", "This rank's share of the records; setting it stops "
+                                         "prefetching.", on_read=False)
 
     def _sync(self):
         """Stop prefetching and rewind to the first batch not yet forwarded (no-op without)."""
