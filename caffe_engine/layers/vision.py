@@ -640,13 +640,14 @@ class _ConvolutionBase(Layer):
     def _weight_grad(self, xp, a, b, acc, first):
         """The weight gradient of one chunk, transposed: ``acc`` (group, K, M / g) = (or +=,
         unless ``first``) ``b @ a^T`` per group, for ``a`` (group, M / g, N) and ``b``
-        (group, K, N); the caller adds ``acc^T`` to the blob's diff once, after the last chunk.
+        (group, K, N), ``acc`` from :meth:`_weight_grad_acc`; the caller adds ``acc^T`` to the
+        blob's diff once, after the last chunk.
 
         Transposed because OpenBLAS runs this long-inner-dimension product 1.15-2.1x faster
         with the K side as the output's rows (e.g. 32 x 800 over 2048 columns: 148 against 81
         GFLOP/s; 16 x 1600: 111 against 52; 192 x 2400: 166 against 144), measured at 10-192
-        output channels. (The pixel-major path's product, ``dy_rows^T @ rows``, measured the
-        same either way round: 142 against 146 GFLOP/s at 32 x 800.)
+        output channels. (The pixel-major path's product measured the same either way round:
+        146 against 142 GFLOP/s at 32 x 800.)
         """
         if first:
             xp.matmul(b, a.transpose(0, 2, 1), out=acc)
@@ -655,9 +656,10 @@ class _ConvolutionBase(Layer):
         xp.matmul(b, a.transpose(0, 2, 1), out=prod)
         acc += prod
 
-    def _weight_grad_done(self, acc, w_diff):
-        """``w_diff`` (group, M / g, K) += the accumulated transposed gradient ``acc``."""
-        w_diff += acc.transpose(0, 2, 1)
+    def _weight_grad_acc(self, xp):
+        """The workspace accumulator of :meth:`_weight_grad`: (group, K, C_out / group)."""
+        return workspace.get(xp, "wacc", (self.group, self.kernel_dim,
+                                          self.conv_out_channels // self.group))
 
     def _weights(self):
         g = self.group
@@ -710,8 +712,8 @@ class _ConvolutionBase(Layer):
         workspace.reserve(xp, "col", n * col)
         workspace.reserve(xp, "gemm", n * max(self.out_count * m, self.in_count * c))
         workspace.reserve(xp, "wgrad", m * ks * c)
-        workspace.reserve(xp, "wrows", 2 * m * ks * c)
-        workspace.reserve(xp, "wacc", m * ks * c)
+        for slot in ("wrows", "wflip", "wacc"):
+            workspace.reserve(xp, slot, m * ks * c)
 
     def _nhwc(self, xp, src, pad):
         """``src`` (n, H, W, C) (any strides) copied into the workspace as (n, H + 2 pad_h,
@@ -754,8 +756,7 @@ class _ConvolutionBase(Layer):
         """Backward-data's weights as (KH * KW * C_out, C_in): row ``(kh, kw, m)``, column
         ``c`` is ``W[m, c, KH - 1 - kh, KW - 1 - kw]`` (the rotated, transposed filter bank)."""
         (kh, kw), m, c = self.kernel, self.conv_out_channels, self.conv_in_channels
-        flat = workspace.get(xp, "wrows", (2, kh * kw * m * c))[1]
-        wf = flat.reshape(kh, kw, m, c)
+        wf = workspace.get(xp, "wflip", (kh, kw, m, c))
         wf[...] = self.blobs[0].data[:, :, ::-1, ::-1].transpose(2, 3, 0, 1)
         return wf.reshape(kh * kw * m, c)
 
@@ -775,11 +776,12 @@ class _ConvolutionBase(Layer):
         else:
             y[...] = src
 
-    def _rows_backward(self, xp, wr, wf, x, dy, dx, dw_rows, do_w, do_x):
+    def _rows_backward(self, xp, wr, wf, x, dy, dx, acc, first, do_x):
         """Backward of the pixel-major path on one chunk.
 
         ``dy`` (n, C_out, OH, OW) is laid out pixel-major once (``dy_rows`` (n P, C_out));
-        ``dw_rows`` (C_out, K) += ``dy_rows^T @ im2row(x)``; ``dx`` (n, C_in, H, W) is either
+        unless ``acc`` is None, ``acc`` (1, K, C_out) (+)= ``im2row(x)^T @ dy_rows`` through
+        :meth:`_weight_grad` (K in the im2row order (kh, kw, c)); ``dx`` (n, C_in, H, W) is either
         the correlation of the padded ``dy`` with the flipped filters ``wf`` (stride 1, when
         :meth:`_flip_backward_pays`) or ``dy_rows @ W_rows`` added back onto the input
         positions in kernel-offset order (Caffe's col2im).
@@ -791,12 +793,10 @@ class _ConvolutionBase(Layer):
         dyr = workspace.get(xp, "gemm", (n, oh, ow, m))
         dyr[...] = dy.transpose(0, 2, 3, 1)
         dyr2 = dyr.reshape(n * oh * ow, m)
-        if do_w:
+        if acc is not None:
             rows = self._im2row(xp, self._nhwc(xp, x.transpose(0, 2, 3, 1), self.pad),
                                 self.conv_out_spatial, self.stride)
-            prod = workspace.get(xp, "wgrad", dw_rows.shape)
-            xp.matmul(dyr2.T, rows, out=prod)
-            dw_rows += prod
+            self._weight_grad(xp, dyr2.T[None], rows.T[None], acc, first)
         if not do_x:
             return
         if self.flip_backward:
@@ -873,6 +873,7 @@ class ConvolutionLayer(_ConvolutionBase):
         xp = get_array_module(bottom[0].data)
         bias = self.blobs[1].data[:, None] if self.bias_term else None
         g = self.group
+        wr = self._weights_rows(xp) if self.rowwise else None
         for b, t in zip(bottom, top):
             x = b.data.reshape((self.num, self.channels) + self.in_spatial)
             y = t.data.reshape(self.num, self.num_output, self.out_count)
@@ -885,7 +886,6 @@ class ConvolutionLayer(_ConvolutionBase):
                         y[n0:n1] += bias
                 continue
             if self.rowwise:
-                wr = self._weights_rows(xp)
                 for n0, n1 in self._chunks():
                     self._rows_forward(xp, wr, x[n0:n1], y[n0:n1], bias)
                 continue
@@ -897,9 +897,13 @@ class ConvolutionLayer(_ConvolutionBase):
         do_w, do_b = self._param_flags()
         w = self._weights()
         w_diff = self.blobs[0].diff.reshape(w.shape)
-        w_flip = None
-        if self.flip_backward and not self.rowwise and any(propagate_down[:len(bottom)]):
-            w_flip = self._flipped_weights(xp)
+        w_flip = w_rows = None
+        if any(propagate_down[:len(bottom)]):
+            if self.flip_backward:
+                flipped = self._flipped_weights_rows if self.rowwise else self._flipped_weights
+                w_flip = flipped(xp)
+            elif self.rowwise:
+                w_rows = self._weights_rows(xp)
         for i, (b, t) in enumerate(zip(bottom, top)):
             dy = t.diff.reshape(self.num, self.num_output, self.out_count)
             if do_b:
@@ -915,11 +919,10 @@ class ConvolutionLayer(_ConvolutionBase):
                 self._backward_batched(xp, w, w_diff, x, dy, dx, do_w, propagate_down[i])
                 continue
             if self.rowwise:
-                self._backward_rows(xp, x, dy, dx, w_diff, do_w, propagate_down[i])
+                self._backward_rows(xp, x, dy, dx, w_diff, w_rows, w_flip, do_w,
+                                    propagate_down[i])
                 continue
-            if do_w:
-                acc = workspace.get(xp, "wacc", (self.group, self.kernel_dim,
-                                                 self.conv_out_channels // self.group))
+            acc = self._weight_grad_acc(xp) if do_w else None
             for n0, n1 in self._chunks():
                 n = n1 - n0
                 if do_w or not self.flip_backward:
@@ -937,23 +940,20 @@ class ConvolutionLayer(_ConvolutionBase):
                     xp.matmul(w.transpose(0, 2, 1), dyt, out=dcol)
                     self._image(xp, dcol, dx[n0:n1])
             if do_w:
-                self._weight_grad_done(acc, w_diff)
+                w_diff += acc.transpose(0, 2, 1)
 
-    def _backward_rows(self, xp, x, dy, dx, w_diff, do_w, do_x):
-        """Backward of the pixel-major path over the batch, chunk by chunk; the weight
-        gradient is summed in the im2row column order and added to ``w_diff`` once."""
-        wr = self._weights_rows(xp)
-        wf = self._flipped_weights_rows(xp) if do_x and self.flip_backward else None
+    def _backward_rows(self, xp, x, dy, dx, w_diff, wr, wf, do_w, do_x):
+        """Backward of the pixel-major path over the batch, chunk by chunk (``wr``: the
+        weights in im2row order, for backward-data through col2im; ``wf``: the flipped ones);
+        the weight gradient is summed in the im2row order and added to ``w_diff`` once."""
         m = self.conv_out_channels
-        dw_rows = workspace.get(xp, "wacc", (m, wr.shape[1])) if do_w else None
-        if do_w:
-            dw_rows.fill(0)
-        shape = (self.num, m) + self.conv_out_spatial
-        dy = dy.reshape(shape)
+        acc = self._weight_grad_acc(xp) if do_w else None
+        dy = dy.reshape((self.num, m) + self.conv_out_spatial)
         for n0, n1 in self._chunks():
-            self._rows_backward(xp, wr, wf, x[n0:n1], dy[n0:n1], dx[n0:n1], dw_rows, do_w, do_x)
+            self._rows_backward(xp, wr, wf, x[n0:n1], dy[n0:n1], dx[n0:n1], acc, n0 == 0, do_x)
         if do_w:
-            w_diff += dw_rows.reshape((m,) + self.kernel + (-1,)).transpose(0, 3, 1, 2).reshape(
+            # acc[0] is ((kh, kw, c), m); the blob's diff is (m, (c, kh, kw)).
+            w_diff += acc[0].reshape(self.kernel + (-1, m)).transpose(3, 2, 0, 1).reshape(
                 w_diff.shape)
 
     def _backward_batched(self, xp, w, w_diff, x, dy, dx, do_w, do_x):
@@ -1028,9 +1028,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                 continue
             x = b.data.reshape(self.num, self.channels, self.out_count)
             dx = b.diff.reshape(self.num, self.channels, self.out_count)
-            if do_w:
-                acc = workspace.get(xp, "wacc", (self.group, self.kernel_dim,
-                                                 self.conv_out_channels // self.group))
+            acc = self._weight_grad_acc(xp) if do_w else None
             for n0, n1 in self._chunks():
                 col = self._columns(xp, dy[n0:n1])
                 if do_w:
@@ -1038,7 +1036,7 @@ class DeconvolutionLayer(_ConvolutionBase):
                 if propagate_down[i]:
                     self._apply_weights(xp, col, dx[n0:n1])
             if do_w:
-                self._weight_grad_done(acc, w_diff)
+                w_diff += acc.transpose(0, 2, 1)
 
 
 # ------------------------------------------------------------------------------------------------
