@@ -1163,23 +1163,6 @@ def pooled_size(size, kernel, stride, pad, ceil_mode=True):
     return out
 
 
-def _offset_ranges(size, pooled, kernel, stride, pad):
-    """For each kernel offset i: (i, output slice, input slice) of the windows it lands inside.
-
-    Output ``o`` reads input ``o * stride - pad + i``; only positions inside [0, size) count,
-    exactly the rows Caffe's clipped window visits.
-    """
-    ranges = []
-    for i in range(kernel):
-        lo = max(0, -(-(pad - i) // stride))
-        hi = min(pooled, (size - 1 + pad - i) // stride + 1)
-        if lo >= hi:
-            continue
-        start = lo * stride - pad + i
-        ranges.append((i, slice(lo, hi), slice(start, start + (hi - lo - 1) * stride + 1, stride)))
-    return ranges
-
-
 def _phase_span(phase, stride, pad, size, rows):
     """Where the input rows of one stride phase land: (first phase row, first input row).
 
