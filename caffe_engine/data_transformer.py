@@ -18,15 +18,15 @@ stream: ``mirror = word % 2`` (only when ``mirror``), then ``h_off = word % (H -
 ``w_off = word % (W - crop + 1)`` (only when cropping in TRAIN; TEST takes the centre,
 ``(H - crop) // 2``). An image is mirrored by reversing its columns after the crop.
 
-The arithmetic runs on NumPy: without crop or mirror over the whole batch at once; with them image
-by image, each crop window (and its mean window) read as a slice and written through a
-column-reversed view when mirrored. Elementwise this is exactly Caffe's per-pixel loop
-``(x - mean) * scale`` in float32.
+The arithmetic is the kernel set's ``transform`` (:mod:`caffe_engine.kernels`: one pass over
+the batch with the compiled kernels, crop windows and column-reversed views with the reference
+ones); elementwise it is exactly Caffe's per-pixel loop ``(x - mean) * scale`` in float32.
 """
 import logging
 
 import numpy
 
+from . import kernels
 from . import rng as caffe_rng
 from .errors import CaffeError
 from .proto.caffe_pb2 import TRAIN
@@ -211,28 +211,8 @@ class DataTransformer:
         params = self.draw_params(n, h, w)
         self.last_params = params
 
-        if out_h == h and out_w == w and not params[:, 0].any():
-            values = batch.astype(numpy.float32)  # uint8 -> float32 is exact
-            if mean is not None:
-                values -= mean
-            if self.scale != 1:
-                values *= self.scale
-            return values
-        # Crop and/or mirror: image by image, straight from the raw records into the output
-        # (a mirrored image is written through a column-reversed view of its output slot).
         out = numpy.empty((n, c, out_h, out_w), numpy.float32)
-        full_mean = mean is not None and mean.shape[1:] != (1, 1)
-        for i in range(n):
-            mirror, h_off, w_off = (int(v) for v in params[i])
-            window = (slice(None), slice(h_off, h_off + out_h), slice(w_off, w_off + out_w))
-            dest = out[i, :, :, ::-1] if mirror else out[i]
-            if mean is None:
-                dest[...] = batch[i][window]
-            else:
-                numpy.subtract(batch[i][window], mean[window] if full_mean else mean, out=dest,
-                               dtype=numpy.float32)
-        if self.scale != 1:
-            out *= self.scale
+        kernels.for_array(batch).transform(batch, out, params, mean, self.scale)
         return out
 
     def transform_datums(self, datums):

@@ -1,9 +1,23 @@
-"""Shared test set-up: tests may reconfigure the engine's logger (the CLI and tools call
-setup_logging); restore it after each test so that caplog-based tests see records whatever the
-order."""
+"""Shared test set-up.
+
+* The test helpers at this folder's root (``golden``, ``gradient_check``, ...) are importable
+  from every test folder.
+* Tests may reconfigure the engine's logger (the CLI and tools call setup_logging); it is
+  restored after each test so that caplog-based tests see records whatever the order.
+* ``kernel_set``: runs a test once per kernel set (:mod:`caffe_engine.kernels`): ``reference``;
+  ``cpu`` (Numba) with the engine's tuning; ``cpu-blocks``, the Numba kernels cut into the
+  smallest blocks and slices on three threads (every edge of the blocking); ``cuda``, skipped
+  with the reason where CuPy or a device is missing. Layers built inside the test plan on it.
+"""
+import os
+import sys
+
 import pytest
 
-from caffe_engine.log import logger
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from caffe_engine import kernels  # noqa: E402
+from caffe_engine.log import logger  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -13,3 +27,51 @@ def _restore_engine_logger():
     logger.handlers[:] = handlers
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+def _cuda_missing():
+    """Why the cuda kernel set cannot run here (None when it could)."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+    except Exception as exc:  # CUDARuntimeError and the like
+        return f"no usable CUDA device ({exc})"
+    return "the cuda kernel set is not built yet (the GPU issue); CuPy arrays run the reference set"
+
+
+def _kernel_set_params():
+    numba_missing = "cpu" not in kernels.available()
+    cpu_skip = [pytest.mark.skip(reason="Numba is not installed")] if numba_missing else []
+    cuda_reason = _cuda_missing()
+    return [pytest.param("reference", id="reference"),
+            pytest.param("cpu", id="cpu", marks=cpu_skip),
+            pytest.param("cpu-blocks", id="cpu-blocks", marks=cpu_skip),
+            pytest.param("cuda", id="cuda", marks=[pytest.mark.skip(reason=cuda_reason)])]
+
+
+KERNEL_SETS = _kernel_set_params()
+
+
+def kernel_set_object(name):
+    """The kernel set a ``kernel_set`` parameter stands for."""
+    if name == "cpu-blocks":
+        from caffe_engine.kernels.cpu import CpuKernels
+        from caffe_engine.kernels.cpu.tuning import CpuTuning
+        return CpuKernels(CpuTuning(threads=3, block_columns=1, kc=6, skew=3,
+                                    images_per_chunk=2))
+    return kernels.get(name)
+
+
+@pytest.fixture(params=KERNEL_SETS)
+def kernel_set(request):
+    """Run the test on one kernel set (see the module docstring); yields the set."""
+    chosen = kernel_set_object(request.param)
+    previous = kernels.use(chosen)
+    try:
+        yield chosen
+    finally:
+        kernels.use(previous)

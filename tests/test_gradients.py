@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe_engine.blob import Blob
-from caffe_engine.layers import create_layer, vision
+from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 
 STEPSIZE = 1e-2
@@ -127,17 +127,6 @@ def test_convolution_two_bottoms_share_weights():
         'convolution_param { num_output: 2 kernel_size: 3 pad: 1 }',
         [gaussian((1, 2, 4, 4), 4), gaussian((1, 2, 4, 4), 5)])
     check_gradient(layer, bottoms, tops, [0, 1])
-
-
-def test_convolution_in_chunks(monkeypatch):
-    # A column buffer too small for one image's worth of two images: one image per chunk.
-    monkeypatch.setattr(vision, "COL_BUFFER_LIMIT", 60)
-    layer, bottoms, tops = make_layer(
-        'name: "conv" type: "Convolution" bottom: "x" top: "y" '
-        'convolution_param { num_output: 2 kernel_size: 3 pad: 1 stride: 2 group: 2 }',
-        [gaussian((3, 2, 5, 5))])
-    assert layer.chunk == 1
-    check_gradient(layer, bottoms, tops, [0])
 
 
 # -- Pooling -------------------------------------------------------------------------------

@@ -74,17 +74,6 @@ def test_deconvolution_two_bottoms_share_weights():
     check_gradient(layer, bottoms, tops, [0, 1])
 
 
-def test_deconvolution_in_chunks(monkeypatch):
-    from caffe_engine.layers import vision
-    monkeypatch.setattr(vision, "COL_BUFFER_LIMIT", 40)
-    layer, bottoms, tops = make_layer(
-        'name: "deconv" type: "Deconvolution" bottom: "x" top: "y" '
-        'convolution_param { num_output: 2 kernel_size: 3 pad: 1 stride: 2 group: 2 }',
-        [gaussian((3, 2, 3, 3))])
-    assert layer.chunk == 1
-    check_gradient(layer, bottoms, tops, [0])
-
-
 @pytest.mark.parametrize("conv, shape", [
     ("kernel_size: 3 stride: 2 pad: 1 group: 2", (2, 4, 7, 7)),
     ("kernel_h: 2 kernel_w: 3 dilation: 2 stride_h: 1 stride_w: 3", (2, 4, 6, 8)),

@@ -15,7 +15,7 @@ from google.protobuf import text_format
 import golden
 from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
-from caffe_engine.layers import create_layer, vision
+from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 
 from caffe_engine.layers import layer_type_list
@@ -125,16 +125,6 @@ def test_softmax_with_loss_rejects_labels_out_of_range():
                                   numpy.float32([0, 3])], ntop=1)
     with pytest.raises(CaffeError, match="label value 3"):
         layer.forward(bottoms, tops)
-
-
-CONV_CASES = [c for c in CASES if c["layer_type"] == "Convolution"]
-
-
-@pytest.mark.parametrize("case", CONV_CASES, ids=[c["id"] for c in CONV_CASES])
-def test_convolution_in_chunks_matches_caffe(case, monkeypatch):
-    # A column buffer smaller than one image: every image becomes its own chunk.
-    monkeypatch.setattr(vision, "COL_BUFFER_LIMIT", 1)
-    golden.check_case(case)
 
 
 def _make(text, values, ntop):

@@ -154,7 +154,7 @@ def test_params_pseudo_module_and_layers_getattr():
     assert caffe.params is net_spec.params and caffe.to_proto is net_spec.to_proto
     # caffe_engine.layers is the layer package; CamelCase names are NetSpec factories.
     from caffe_engine import layers
-    assert layers.vision.__name__ == "caffe_engine.layers.vision"
+    assert layers.convolution.__name__ == "caffe_engine.layers.convolution"
     assert callable(layers.Convolution) and layers.Convolution.__name__ == "Convolution"
     with pytest.raises(AttributeError):
         layers.not_a_layer

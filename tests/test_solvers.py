@@ -10,7 +10,8 @@ from google.protobuf import text_format
 from caffe_engine.errors import CaffeError
 from caffe_engine.io import prototxt as pio
 from caffe_engine.proto import caffe_pb2
-from caffe_engine.solvers import SOLVERS, SolverAction, get_solver, updates
+from caffe_engine.kernels.reference import solver as updates
+from caffe_engine.solvers import SOLVERS, SolverAction, get_solver
 
 f32 = np.float32
 

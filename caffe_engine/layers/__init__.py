@@ -3,8 +3,9 @@
 Importing this package registers every layer type; see ``base.register``.
 """
 from .base import Layer, create_layer, layer_type_list, register  # noqa: F401
-from . import (common, data, dummy_data, hdf5, image_data, loss, memory_data,  # noqa: F401
-               neuron, normalization, python_layer, recurrent, split, vision)  # registration
+from . import (common, convolution, data, dummy_data, hdf5, im2col, image_data,  # noqa: F401
+               loss, memory_data, neuron, normalization, pooling, python_layer, recurrent,
+               split, spp)  # registration
 
 
 def __getattr__(name):

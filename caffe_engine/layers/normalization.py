@@ -3,15 +3,18 @@
 Caffe: src/caffe/layers/lrn_layer.cpp, batch_norm_layer.cpp, mvn_layer.cpp.
 
 Each layer follows the order of Caffe's CPU arithmetic where that order shows in float32: LRN's
-running window sums over channels, LRN WITHIN_CHANNEL as Caffe's chain of Split, Power, AVE
-Pooling, Power and Eltwise PROD layers, and the mean/variance reductions of BatchNorm and MVN as
-a sum over the spatial positions of each (n, c) followed by a sum over n. The reductions that
+running window sums over channels and WITHIN_CHANNEL as Caffe's chain of Split, Power, AVE
+Pooling, Power and Eltwise PROD layers (the kernel sets' LRN, :mod:`caffe_engine.kernels`), and
+the mean/variance reductions of BatchNorm and MVN as a sum over the spatial positions of each
+(n, c) followed by a sum over n. The reductions that
 Caffe hands to BLAS may still differ from it by a few float32 ulps of the summed magnitudes.
 """
 import numpy
 
+from .. import kernels
 from ..backend import get_array_module
 from ..blob import Blob
+from ..kernels.geometry import LRNGeometry
 from ..proto import caffe_pb2
 from .base import Layer, register
 
@@ -26,49 +29,6 @@ def _buffer(layer, name, xp, shape):
         buf = xp.zeros(shape, f32)
         setattr(layer, name, buf)
     return buf
-
-
-# ------------------------------------------------------------------------------------------------
-# Caffe's PowerLayer arithmetic, used by LRN WITHIN_CHANNEL (Caffe builds that LRN from layers)
-# ------------------------------------------------------------------------------------------------
-def _power_forward(xp, x, power, scale, shift):
-    """``(shift + scale * x) ** power`` in Caffe's order: scale, then shift, then powx."""
-    if power * scale == 0:
-        value = f32(1) if power == 0 else f32(numpy.power(shift, power))
-        return xp.full(x.shape, value, f32)
-    y = x.copy()
-    if scale != 1:
-        y *= scale
-    if shift != 0:
-        y += shift
-    if power != 1:
-        xp.power(y, power, out=y)
-    return y
-
-
-def _power_backward(xp, x, y, dy, power, scale, shift):
-    """Gradient of :func:`_power_forward` as Caffe's PowerLayer::Backward_cpu computes it."""
-    diff_scale = f32(power * scale)
-    if diff_scale == 0 or power == 1:
-        dx = xp.full(x.shape, diff_scale, f32)
-    elif power == 2:
-        dx = x * f32(diff_scale * scale)
-        if shift != 0:
-            dx += f32(diff_scale * shift)
-    elif shift == 0:
-        dx = y / x
-        dx *= power
-    else:
-        dx = x.copy()
-        if scale != 1:
-            dx *= scale
-        dx += shift
-        xp.divide(y, dx, out=dx)
-        if diff_scale != 1:
-            dx *= diff_scale
-    if diff_scale != 0:
-        xp.multiply(dy, dx, out=dx)
-    return dx
 
 
 @register("LRN")
@@ -112,115 +72,26 @@ class LRNLayer(Layer):
         self.within = p.norm_region == caffe_pb2.LRNParameter.WITHIN_CHANNEL
         if top[0] is bottom[0]:
             raise self.error("does not support in-place computation")
+        self.plan = None
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes != 4:
             raise self.error(f"input must have 4 axes (num, channels, height, width), got shape "
                              f"{bottom[0].shape}")
-        n, c, h, w = bottom[0].shape
         top[0].reshape(bottom[0].shape)
-        xp = get_array_module(bottom[0].data)
-        if self.within:
-            pad = self.pre_pad
-            _buffer(self, "padded", xp, (n, c, h + 2 * pad, w + 2 * pad))
-            _buffer(self, "pooled", xp, (n, c, h, w))
-        else:
-            _buffer(self, "scale", xp, (n, c, h, w))
-            _buffer(self, "padded", xp, (n, c + self.size - 1, h, w))
-            _buffer(self, "accum", xp, (n, h, w))
+        geometry = LRNGeometry(bottom[0].shape, self.size, float(self.alpha), float(self.beta),
+                               float(self.k), self.within)
+        kernel_set = kernels.for_array(bottom[0].data)
+        if self.plan is None or (geometry, kernel_set) != self._planned_for:
+            self.plan = kernel_set.lrn(geometry)
+            self._planned_for = (geometry, kernel_set)
 
     def forward(self, bottom, top):
-        if self.within:
-            self._within_forward(bottom[0], top[0])
-        else:
-            self._across_forward(bottom[0], top[0])
+        self.plan.forward(bottom[0].data, top[0].data)
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        if self.within:
-            self._within_backward(top[0], bottom[0])
-        else:
-            self._across_backward(top[0], bottom[0])
-
-    # -- ACROSS_CHANNELS ---------------------------------------------------------------------
-    def _across_forward(self, bottom, top):
-        xp = get_array_module(bottom.data)
-        x, scale, sq = bottom.data, self.scale, self.padded
-        c, size, pad = x.shape[1], self.size, self.pre_pad
-        a = self.alpha / f32(size)
-        sq[...] = 0
-        xp.multiply(x, x, out=sq[:, pad:pad + c])
-        s = scale[:, 0]
-        s[...] = self.k
-        for j in range(size):
-            s += a * sq[:, j]
-        for j in range(1, c):
-            s = scale[:, j]
-            s[...] = scale[:, j - 1]
-            s += a * sq[:, j + size - 1]
-            s += -a * sq[:, j - 1]
-        xp.power(scale, -self.beta, out=top.data)
-        top.data *= x
-
-    def _across_backward(self, top, bottom):
-        xp = get_array_module(bottom.data)
-        x, y, dy, dx = bottom.data, top.data, top.diff, bottom.diff
-        scale, ratio, accum = self.scale, self.padded, self.accum
-        c, size = x.shape[1], self.size
-        cache_ratio = f32(2.0 * float(self.alpha) * float(self.beta) / size)
-        xp.power(scale, -self.beta, out=dx)
-        dx *= dy
-        inverse_pre_pad = size - (size + 1) // 2
-        ratio[...] = 0
-        inner = ratio[:, inverse_pre_pad:inverse_pre_pad + c]
-        xp.multiply(dy, y, out=inner)
-        inner /= scale
-        accum[...] = 0
-        for j in range(size - 1):
-            accum += ratio[:, j]
-        for j in range(c):
-            accum += ratio[:, j + size - 1]
-            dx[:, j] += -cache_ratio * (x[:, j] * accum)
-            accum -= ratio[:, j]
-
-    # -- WITHIN_CHANNEL ----------------------------------------------------------------------
-    def _within_forward(self, bottom, top):
-        xp = get_array_module(bottom.data)
-        x = bottom.data
-        h, w = x.shape[2:]
-        size, pad = self.size, self.pre_pad
-        padded, pooled = self.padded, self.pooled
-        padded[...] = 0
-        xp.multiply(x, x, out=padded[:, :, pad:pad + h, pad:pad + w])        # Power 2
-        pooled[...] = 0                                                      # AVE pooling
-        for i in range(size):
-            for j in range(size):
-                pooled += padded[:, :, i:i + h, j:j + w]
-        pooled /= f32(size * size)
-        self.power_out = _power_forward(xp, pooled, -self.beta, self.alpha, f32(1))
-        xp.multiply(x, self.power_out, out=top.data)                         # Eltwise PROD
-
-    def _within_backward(self, top, bottom):
-        xp = get_array_module(bottom.data)
-        x, dy = bottom.data, top.diff
-        h, w = x.shape[2:]
-        size, pad = self.size, self.pre_pad
-        d_product = self.power_out * dy                       # PROD -> the split's first top
-        d_power = x * dy                                      # PROD -> the power output
-        d_pooled = _power_backward(xp, self.pooled, self.power_out, d_power,
-                                   -self.beta, self.alpha, f32(1))
-        # AVE pooling backward: Caffe adds top_diff / size^2 into each window, windows in
-        # row-major order, so an input cell receives its terms last kernel offset first.
-        spread = self.padded
-        spread[...] = 0
-        spread[:, :, pad:pad + h, pad:pad + w] = d_pooled / f32(size * size)
-        d_square = xp.zeros_like(x)
-        for i in reversed(range(size)):
-            for j in reversed(range(size)):
-                d_square += spread[:, :, 2 * pad - i:2 * pad - i + h, 2 * pad - j:2 * pad - j + w]
-        d_square *= x * f32(2)                                # Power 2 backward
-        xp.add(d_product, d_square, out=bottom.diff)          # Split backward
+        if propagate_down[0]:
+            self.plan.backward(bottom[0].data, top[0].data, top[0].diff, bottom[0].diff)
 
 
 @register("BatchNorm")

@@ -3,8 +3,10 @@
 Caffe: src/caffe/solvers/sgd_solver.cpp and its subclasses' files. Per iteration
 (``SGDSolver::ApplyUpdate``): compute the rate, log it, clip the global L2 norm of the
 gradients, then per learnable param: normalise by ``iter_size``, add weight decay (L2 or L1,
-times ``decay_mult``), let the update rule (``updates.py``) turn the diff into the step, and
-finally ``data -= diff`` for every param. All arithmetic in float32.
+times ``decay_mult``), let the update rule turn the diff into the step, and ``data -= diff``:
+one fused kernel per param (``update`` of the param's kernel set, :mod:`caffe_engine.kernels`;
+the reference set's :mod:`caffe_engine.kernels.reference.solver` shows the arithmetic, in
+float32 and in Caffe's order).
 
 History layout (what the ``.solverstate`` holds, in this order): one blob per learnable param,
 of its shape; AdaDelta and Adam append a second set after the first (AdaDelta: squared
@@ -26,7 +28,8 @@ from ..io import prototxt as pio
 from ..io.weights import blob_from_proto, blob_to_proto, proto_shape
 from ..log import g, logger
 from ..proto import caffe_pb2
-from . import updates
+from .. import kernels
+from ..kernels.reference.solver import Hyper
 from .lr_policy import learning_rate
 from .solver import Solver
 
@@ -42,7 +45,6 @@ class SGDSolver(Solver):
     """
 
     type = "SGD"
-    rule = staticmethod(updates.sgd)
     history_sets = 1
 
     def check_param(self, param):
@@ -52,11 +54,8 @@ class SGDSolver(Solver):
         self.check_param(self.param)
         params = self.net.learnable_params
         self.history = [Blob(b.shape) for _ in range(self.history_sets) for b in params]
-        self._work = []
-        for b in params:
-            xp = backend.get_array_module(b.data)
-            self._work.append((xp.zeros(b.shape, dtype=f32), xp.zeros(b.shape, dtype=f32)))
-        self.hyper = updates.Hyper(self.param)
+        self.hyper = Hyper(self.param)
+        self._steps = [kernels.for_array(b.data).update(self.type) for b in params]
 
     def get_learning_rate(self):
         rate = learning_rate(self.param, self.iter, self.lr_state)
@@ -81,48 +80,25 @@ class SGDSolver(Solver):
             for b in params:
                 b.diff *= scale
 
-    def normalize(self, i):
-        if self.param.iter_size > 1:
-            self.net.learnable_params[i].diff *= f32(1) / f32(self.param.iter_size)
-
-    def regularize(self, i):
-        blob = self.net.learnable_params[i]
-        decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
-        kind = self.param.regularization_type
-        if not decay:
-            return
-        xp = backend.get_array_module(blob.data)
-        if kind == "L2":
-            scratch = self._work[i][0]
-            xp.multiply(blob.data, decay, out=scratch)
-            blob.diff += scratch
-        elif kind == "L1":
-            scratch = self._work[i][0]
-            xp.sign(blob.data, out=scratch)
-            scratch *= decay
-            blob.diff += scratch
-        else:
-            raise CaffeError(f"solver: Unknown regularization type: '{kind}' (known: L1, L2)")
-
-    def compute_update_value(self, i, rate):
-        """Turn param ``i``'s diff into its step with the rule (Caffe's ComputeUpdateValue)."""
-        params = self.net.learnable_params
-        n = len(params)
-        local_rate = f32(rate) * f32(self.net.params_lr[i])
-        history = [self.history[s * n + i].data for s in range(self.history_sets)]
-        self.rule(params[i].diff, history, local_rate, self.hyper, self._work[i])
-
     def apply_update(self):
         rate = self.get_learning_rate()
         if self.param.display and self.iter % self.param.display == 0:
             logger.info("Iteration %d, lr = %s", self.iter, g(rate))
         self.clip_gradients()
         self.hyper.t = self.iter + 1
-        for i in range(len(self.net.learnable_params)):
-            self.normalize(i)
-            self.regularize(i)
-            self.compute_update_value(i, rate)
-        self.net.update()
+        kind = self.param.regularization_type
+        if kind not in ("L1", "L2"):
+            raise CaffeError(f"solver: Unknown regularization type: '{kind}' (known: L1, L2)")
+        params = self.net.learnable_params
+        n = len(params)
+        iter_scale = f32(1) / f32(self.param.iter_size) if self.param.iter_size > 1 else f32(1)
+        weight_decay = f32(self.param.weight_decay)
+        for i, blob in enumerate(params):
+            history = [self.history[s * n + i].data for s in range(self.history_sets)]
+            local_rate = f32(rate) * f32(self.net.params_lr[i])
+            decay = weight_decay * f32(self.net.params_weight_decay[i])
+            self._steps[i](blob.data, blob.diff, history, local_rate,
+                           self.hyper, decay, kind == "L1", iter_scale)
 
     # -- solver state -----------------------------------------------------------------------
     def snapshot_state(self, model_filename):
@@ -169,7 +145,6 @@ class NesterovSolver(SGDSolver):
     """Nesterov's accelerated gradient (Caffe: src/caffe/solvers/nesterov_solver.cpp)."""
 
     type = "Nesterov"
-    rule = staticmethod(updates.nesterov)
 
 
 class AdaGradSolver(SGDSolver):
@@ -180,7 +155,6 @@ class AdaGradSolver(SGDSolver):
     """
 
     type = "AdaGrad"
-    rule = staticmethod(updates.adagrad)
 
     def check_param(self, param):
         if param.momentum != 0:
@@ -195,7 +169,6 @@ class RMSPropSolver(SGDSolver):
     """
 
     type = "RMSProp"
-    rule = staticmethod(updates.rmsprop)
 
     def check_param(self, param):
         if param.momentum != 0:
@@ -208,7 +181,6 @@ class AdaDeltaSolver(SGDSolver):
     """AdaDelta (Caffe: src/caffe/solvers/adadelta_solver.cpp); two history sets."""
 
     type = "AdaDelta"
-    rule = staticmethod(updates.adadelta)
     history_sets = 2
 
 
@@ -216,5 +188,4 @@ class AdamSolver(SGDSolver):
     """Adam (Caffe: src/caffe/solvers/adam_solver.cpp); two history sets (m, then v)."""
 
     type = "Adam"
-    rule = staticmethod(updates.adam)
     history_sets = 2

@@ -1,9 +1,11 @@
-"""The update rules of Caffe's solvers: small functions over (diff, history, rate, hyper, work).
+"""The solver step of one learnable param, in Caffe's arithmetic order (the reference kernels).
 
-Caffe: src/caffe/solvers/{sgd,nesterov,adagrad,rmsprop,adadelta,adam}_solver.cpp, the CPU
-branch of each ``ComputeUpdateValue``. Every rule receives the gradient of one learnable param
-(``diff``, already clipped, normalised by ``iter_size`` and regularised), rewrites it in place
-into the step that ``Net.update`` subtracts from the weights, and updates its history arrays.
+Caffe: src/caffe/solvers/sgd_solver.cpp (``Normalize``, ``Regularize``) and
+src/caffe/solvers/{sgd,nesterov,adagrad,rmsprop,adadelta,adam}_solver.cpp, the CPU branch of
+each ``ComputeUpdateValue``, then ``Blob::Update`` (``data -= diff``). :func:`step` runs them
+for one param; each rule receives the gradient (``diff``, already clipped, normalised by
+``iter_size`` and regularised), rewrites it in place into the step subtracted from the weights,
+and updates its history arrays.
 
 All arithmetic is float32, one operation after the other in Caffe's order, because each
 BLAS/``caffe_*`` call rounds its result to float32:
@@ -28,7 +30,7 @@ import math
 
 import numpy
 
-from ..backend import get_array_module
+from ...backend import get_array_module
 
 f32 = numpy.float32
 
@@ -158,6 +160,30 @@ def adam(diff, history, local_rate, hyper, work):
     temp += hyper.delta
     xp.divide(m, temp, out=temp)
     xp.multiply(temp, f32(local_rate * adam_correction(hyper)), out=diff)
+
+
+def step(rule, data, diff, history, local_rate, hyper, decay, l1, iter_scale):
+    """One param's whole solver step, as Caffe's ApplyUpdate does it for one param:
+
+    ``diff *= iter_scale`` (Normalize, when ``iter_scale != 1``); ``diff += decay * data`` or,
+    with ``l1``, ``decay * sign(data)`` (Regularize, when ``decay != 0``); the update ``rule``
+    (one of :data:`RULES`' names); then ``data -= diff`` (``Blob::Update``). ``diff`` keeps the
+    update value, as in Caffe. Two scratch arrays shaped like ``diff`` are made per call.
+    """
+    xp = get_array_module(diff)
+    work = [xp.empty_like(diff), xp.empty_like(diff)]
+    if iter_scale != 1:
+        diff *= iter_scale
+    if decay:
+        scratch = work[0]
+        if l1:
+            xp.sign(data, out=scratch)
+            scratch *= decay
+        else:
+            xp.multiply(data, decay, out=scratch)
+        diff += scratch
+    RULES[rule][0](diff, history, local_rate, hyper, work)
+    data -= diff
 
 
 #: solver type -> (update rule, number of history sets)

@@ -1,0 +1,114 @@
+"""The hot loops behind one small interface: a *kernel set* per kind of array.
+
+A layer asks once, in ``reshape``, for the kernel set of its bottom's array
+(:func:`for_array`) and keeps what it plans there; it never branches on the device itself.
+Every kernel set offers the same methods (see :class:`.reference.ReferenceKernels`):
+
+* ``conv(ConvGeometry)`` -> a plan with ``forward(x, w, bias, y)``, ``backward_data(dy, w, dx)``,
+  ``weight_grad(x, dy, dw)`` (accumulates) and ``bias_grad(dy, db)`` (accumulates);
+* ``pooling(PoolGeometry)`` -> a plan with ``forward(x, y, mask)`` and ``backward(dy, dx)``
+  (MAX keeps Caffe's argmax between the two);
+* ``lrn(LRNGeometry)`` -> a plan with ``forward(x, y)`` and ``backward(x, y, dy, dx)``;
+* ``im2col(...)`` / ``col2im(...)`` (the Im2col layer's);
+* ``update(rule)`` -> the fused solver step of one learnable param for one of Caffe's six
+  update rules (normalise, regularise, the rule, ``data -= diff``);
+* ``transform(...)`` -> the Data layer's crop, mirror, mean and scale of a uint8 batch.
+
+The sets:
+
+* ``reference``: readable NumPy/CuPy bodies (``xp``), Caffe's arithmetic order; the oracle of
+  the tests and what runs on CuPy arrays until the ``cuda`` set exists;
+* ``cpu``: compiled Numba kernels for NumPy arrays (``caffe_engine/kernels/cpu``), the default
+  when Numba can be imported (else the reference set, with one warning line).
+
+``CAFFE_ENGINE_KERNELS=reference`` (or :func:`use`) makes NumPy arrays use the reference set.
+"""
+import logging
+import os
+
+from ..backend import get_array_module
+
+logger = logging.getLogger("caffe_engine")
+
+_sets = {}
+_state = {"cpu": None}
+
+
+def _numba_available():
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:
+        return exc
+    return None
+
+
+def get(name):
+    """The kernel set called ``name`` ("reference" or "cpu"), made once per process.
+
+    Raises:
+        ValueError: an unknown name, or "cpu" without Numba.
+    """
+    if name not in _sets:
+        if name == "reference":
+            from .reference import ReferenceKernels
+            _sets[name] = ReferenceKernels()
+        elif name == "cpu":
+            missing = _numba_available()
+            if missing is not None:
+                raise ValueError(f"the cpu kernel set needs Numba: {missing}")
+            from .cpu import CpuKernels
+            _sets[name] = CpuKernels()
+        else:
+            raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu)")
+    return _sets[name]
+
+
+def available():
+    """Names of the kernel sets for NumPy arrays that this process can use."""
+    return ["reference"] + (["cpu"] if _numba_available() is None else [])
+
+
+def cpu_default():
+    """The name of the set NumPy arrays use: :func:`use`'s choice, else
+    ``CAFFE_ENGINE_KERNELS``, else "cpu" when Numba imports (else "reference", warned once)."""
+    if _state["cpu"] is None:  # the first call (or after use(None))
+        name = os.environ.get("CAFFE_ENGINE_KERNELS", "").strip() or None
+        if name is None:
+            missing = _numba_available()
+            if missing is None:
+                name = "cpu"
+            else:
+                logger.warning("Numba is not available (%s): running the reference kernels "
+                               "(pip install numba for the compiled ones)", missing)
+                name = "reference"
+        if name not in ("reference", "cpu"):
+            raise ValueError(f"CAFFE_ENGINE_KERNELS={name!r}: known kernel sets are "
+                             "reference and cpu")
+        _state["cpu"] = name
+    return _state["cpu"]
+
+
+def use(choice):
+    """Make NumPy arrays use a kernel set from now on: a name ("reference", "cpu"), a kernel
+    set object (e.g. ``CpuKernels(CpuTuning(threads=1))``, as the tests make), or None (back to
+    :func:`cpu_default`'s choice). Returns the previous choice.
+
+    Layers pick their plans in ``reshape``: reshape a net (or build it) after switching.
+
+    Raises:
+        ValueError: an unknown name, or "cpu" without Numba.
+    """
+    previous = _state["cpu"]
+    if isinstance(choice, str):
+        get(choice)
+    _state["cpu"] = choice
+    return previous
+
+
+def for_array(array):
+    """The kernel set for ``array``'s device: the NumPy default (:func:`cpu_default`) for NumPy
+    arrays, the reference set (on CuPy) for CuPy arrays."""
+    if get_array_module(array).__name__ == "cupy":
+        return get("reference")
+    choice = cpu_default()
+    return get(choice) if isinstance(choice, str) else choice

@@ -1,0 +1,46 @@
+"""The cpu kernel set: Numba kernels for NumPy arrays (see :mod:`caffe_engine.kernels`).
+
+2-D convolution (:mod:`.conv`, :mod:`.conv_plan`), pooling (:mod:`.pooling`), ACROSS_CHANNELS
+LRN (:mod:`.lrn`), the fused solver step (:mod:`.solver`) and the data transform
+(:mod:`.transform`), built on the SIMD intrinsics of :mod:`.simd`; everything else (N-D
+convolution, WITHIN_CHANNEL LRN, im2col) is the reference set's. How the work is cut is one
+frozen :class:`.tuning.CpuTuning`; scratch memory is one :class:`.workspace.Workspace`.
+Kernels are compiled on first use and cached on disk (Numba's ``cache=True``), so a second
+process loads them instead of compiling.
+"""
+from ..reference import ReferenceKernels
+from . import conv_plan, lrn, pooling, solver, transform
+from .tuning import CpuTuning
+from .workspace import Workspace
+
+
+class CpuKernels(ReferenceKernels):
+    """The kernel interface in Numba, for NumPy arrays.
+
+    Args:
+        tuning: a :class:`CpuTuning` (default: :meth:`CpuTuning.from_environment`).
+    """
+
+    name = "cpu"
+
+    def __init__(self, tuning=None):
+        self.tuning = tuning or CpuTuning.from_environment()
+        self.workspace = Workspace()
+
+    def conv(self, geometry):
+        if len(geometry.kernel) != 2:
+            return super().conv(geometry)
+        return conv_plan.Conv2dPlan(geometry, self.tuning, self.workspace)
+
+    def pooling(self, geometry):
+        return pooling.PoolPlan(geometry, self.tuning)
+
+    def lrn(self, geometry):
+        return lrn.LRNPlan(geometry, self.tuning)
+
+    def update(self, rule):
+        return solver.make_step(rule, self.tuning)
+
+    @staticmethod
+    def transform(batch, out, params, mean, scale):
+        transform.transform(batch, out, params, mean, scale)

@@ -1,0 +1,141 @@
+"""The plan a 2-D Convolution layer holds on the CPU: geometry, blocks and tables, made once.
+
+See :mod:`.conv` for the kernels and the layout they share.
+"""
+from . import conv
+from .conv import MR, MR_NARROW, NR, round_up
+
+
+class Conv2dPlan:
+    """The CPU kernels of one 2-D convolution geometry (a :class:`...geometry.ConvGeometry`).
+
+    Made in the layer's ``reshape``: picks the images per chunk and the blocks from ``tuning``,
+    builds the offset tables, and draws scratch memory from ``workspace`` (shared by every
+    layer of the kernel set, as Caffe shares its column buffer). Arrays are NumPy float32,
+    C-contiguous: ``x`` (N, C, H, W), ``y``/``dy`` (N, M, OH, OW), ``w`` (M, C / G, kh, kw),
+    ``bias``/``db`` (M,). ``weight_grad`` and ``bias_grad`` accumulate (Caffe's param-gradient
+    rule); ``forward`` and ``backward_data`` overwrite.
+    """
+
+    def __init__(self, geometry, tuning, workspace):
+        g = self.geometry = geometry
+        self.tuning = tuning
+        self.workspace = workspace
+        self.threads = tuning.threads
+        self.skew = tuning.skew
+        self.kc = round_up(tuning.kc, MR)
+        self.N, self.C, self.M, self.G = g.num, g.channels, g.num_output, g.group
+        self.Cg, self.Mg = self.C // self.G, self.M // self.G
+        (self.kh, self.kw), (self.sh, self.sw) = g.kernel, g.stride
+        (self.ph, self.pw), (self.dh, self.dw) = g.pad, g.dilation
+        (self.H, self.W), (self.OH, self.OW) = g.in_spatial, g.out_spatial
+        self.Kg = self.Cg * self.kh * self.kw
+        columns = tuning.block_columns
+        # The input's packed layout and the blocks of output positions.
+        self.Hs = -(-(self.H + 2 * self.ph) // self.sh)
+        self.Ws = -(-(self.W + 2 * self.pw) // self.sw)
+        self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
+                                    columns, tuning)
+        self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
+        self.wg_narrow = conv.weight_grad_tile(self.M, self.G)[0] == MR_NARROW
+        self.offs = conv.offsets(self.Cg, g.kernel, g.dilation, g.stride, self.Hs, self.Ws,
+                                 self.NB, round_up(self.Kg, MR_NARROW if self.wg_narrow else MR))
+        # Backward data as a forward convolution of the top diff, where stride 1 and no pad
+        # exceeds the dilated kernel's extent - 1.
+        flip_pad = tuple(d * (k - 1) - p for k, d, p in zip(g.kernel, g.dilation, g.pad))
+        self.flip = g.stride == (1, 1) and min(flip_pad) >= 0
+        if self.flip:
+            self.fph, self.fpw = flip_pad
+            self.fHs, self.fWs = self.OH + 2 * self.fph, self.OW + 2 * self.fpw
+            fk = self.Mg * self.kh * self.kw
+            self.fNB = conv.choose_chunk(self.N, self.M, self.C, self.H, self.W, self.fWs, fk,
+                                         columns, tuning)
+            self.flip_blocks = conv.plan_blocks(self.N, self.H, self.W, self.fWs, self.fNB,
+                                                columns)
+            self.flip_offs = conv.offsets(self.Mg, g.kernel, g.dilation, (1, 1), self.fHs,
+                                          self.fWs, self.fNB, fk)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _pack(self, slot, x, channels, h, w, ph, pw, sh, sw, hs, ws, nb):
+        """``x`` (N, channels, h, w) packed (:func:`conv.pack`) in workspace slot ``slot``,
+        then zeroed slack (blocks read up to a micro-kernel width and a row past the end)."""
+        size = -(-self.N // nb) * channels * sh * sw * hs * ws * nb
+        slack = (NR + ws) * nb + NR
+        xt = self.workspace.get(slot, size + slack)
+        conv.pack(x.reshape(-1), xt, self.N, channels, h, w, ph, pw, sh, sw, hs, ws, nb,
+                  self.threads)
+        xt[size:size + slack] = 0
+        return xt
+
+    def _input(self, x):
+        return self._pack("conv_in", x, self.C, self.H, self.W, self.ph, self.pw, self.sh,
+                          self.sw, self.Hs, self.Ws, self.NB)
+
+    def _packed_weights(self, w, rows, cols):
+        """``w`` (G, rows, cols) in the micro-kernel's panels (:func:`conv.pack_panels`)."""
+        G = self.G
+        out = self.workspace.get("conv_w", G * round_up(rows, MR) * cols)
+        return conv.pack_panels(w.reshape(G, rows, cols), out)
+
+    def _scratch(self, floats):
+        return self.workspace.get("conv_scratch", self.threads * floats), floats
+
+    # -- the kernel interface --------------------------------------------------------------
+    def forward(self, x, w, bias, y):
+        """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
+        wp = self._packed_weights(w, self.Mg, self.Kg)
+        xt = self._input(x)
+        ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
+                                                        self.skew))
+        conv.forward(xt, self.offs, wp, bias if bias is not None else wp, bias is not None,
+                     y.reshape(-1), self.N, self.C, self.M, self.G, self.OH, self.OW, self.Hs,
+                     self.Ws, self.sh, self.sw, self.NB, self.Kg, *self.blocks, self.kc,
+                     self.skew, self.threads, ws, stride)
+
+    def backward_data(self, dy, w, dx):
+        """``dx`` = the gradient with respect to the input (overwritten)."""
+        G, Mg, Cg, kh, kw = self.G, self.Mg, self.Cg, self.kh, self.kw
+        if self.flip:
+            # dx = correlation of dy (padded by extent - 1 - pad) with the flipped filters
+            # W'[g, c, (m, i, j)] = W[g Mg + m, c, kh - 1 - i, kw - 1 - j].
+            flipped = w.reshape(G, Mg, Cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+            wp = self._packed_weights(flipped, Cg, Mg * kh * kw)
+            dyt = self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
+                             self.fHs, self.fWs, self.fNB)
+            ws, stride = self._scratch(conv.forward_scratch(self.C, G, self.flip_blocks[2],
+                                                            self.skew))
+            conv.forward(dyt, self.flip_offs, wp, wp, False, dx.reshape(-1), self.N, self.M,
+                         self.C, G, self.H, self.W, self.fHs, self.fWs, 1, 1, self.fNB,
+                         Mg * kh * kw, *self.flip_blocks, self.kc, self.skew, self.threads,
+                         ws, stride)
+            return
+        wt = w.reshape(G, Mg, self.Kg).transpose(0, 2, 1)
+        kgpad = round_up(self.Kg, MR)
+        wtp = self.workspace.get("conv_w", G * kgpad * Mg)[:G * kgpad * Mg]
+        wtp.reshape(G, kgpad, Mg)[:, :self.Kg] = wt
+        wtp.reshape(G, kgpad, Mg)[:, self.Kg:] = 0
+        # The top diff in the wide numbering of the input's layout: (chunks, M, OH, Ws, NB).
+        dyt = self._pack("conv_in", dy, self.M, self.OH, self.OW, 0, 0, 1, 1, self.OH, self.Ws,
+                         self.NB)
+        size = (-(-self.N // self.NB) * self.C * self.sh * self.sw * self.Hs * self.Ws
+                * self.NB)
+        dxt = self.workspace.get("conv_grad", size + (NR + self.Ws) * self.NB + NR)
+        ws, stride = self._scratch(conv.col2im_scratch(self.blocks[2], self.kc, self.skew))
+        conv.backward_data_col2im(dyt, self.offs, wtp, dxt, self.N, self.C, self.M, G, self.OH,
+                                  self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg, kh, kw,
+                                  *self.blocks, self.kc, self.skew, self.threads, ws, stride)
+        conv.unpack(dxt, dx.reshape(-1), self.N, self.C, self.H, self.W, self.ph, self.pw,
+                    self.sh, self.sw, self.Hs, self.Ws, self.NB, self.threads)
+
+    def weight_grad(self, x, dy, dw):
+        """``dw +=`` the gradient with respect to the weights."""
+        xt = self._input(x)
+        ws, stride = self._scratch(conv.weight_grad_scratch(self.C, self.M, self.G, self.kh,
+                                                            self.kw, self.blocks[2]))
+        conv.weight_grad(xt, self.offs, dy.reshape(-1), dw.reshape(-1), self.N, self.C, self.M,
+                         self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
+                         self.Kg, self.wg_narrow, *self.blocks, self.threads, ws, stride)
+
+    def bias_grad(self, dy, db):
+        """``db += dy`` summed over images and positions."""
+        conv.bias_grad(dy.reshape(-1), db, self.N, self.M, self.OH * self.OW, self.threads)

@@ -1,0 +1,167 @@
+"""MAX and AVE pooling on the CPU: Caffe's loops in Numba, vectorised along an output row.
+
+Caffe: src/caffe/layers/pooling_layer.cpp. For each output row the window offsets are visited
+in Caffe's scan order (window rows, then columns), each applied to the whole row of outputs at
+once with the SIMD runs of :mod:`.simd` (strides 1 and 2; other strides element by element):
+
+* MAX keeps Caffe's strict ``>`` from ``-FLT_MAX`` per output (the first maximum wins, NaN never
+  wins) and the argmax ``h * W + w`` (int32, -1 when nothing beat ``-FLT_MAX``);
+* AVE adds the window's values in the same order and divides by Caffe's pool size;
+* backward adds in the order of the outputs, as Caffe: MAX ``dx[argmax] += dy``, AVE
+  ``dy / size`` over each window (an input position receives its terms from the outputs in
+  increasing order).
+
+Results equal the reference kernels' bit for bit. Threads split the (image, channel) planes.
+"""
+import numba
+import numpy
+from numba import njit, prange
+
+from ..reference.pooling import ave_divisors
+from . import simd
+
+f32 = numpy.float32
+FLT_MAX = f32(numpy.finfo(f32).max)
+_max_run1, _max_run2 = simd.pool_max_run(1), simd.pool_max_run(2)
+_sum_run1, _sum_run2 = simd.pool_sum_run(1), simd.pool_sum_run(2)
+_fill = simd.fill
+
+
+@njit(cache=True, inline="always")
+def _columns(j, pw, sw, W, OW):
+    """The outputs ``[lo, hi)`` whose window column ``j`` (input column ``ow sw - pw + j``)
+    lies inside the input, and that column's offset ``j - pw``."""
+    off = j - pw
+    lo = 0 if off >= 0 else min(OW, (-off + sw - 1) // sw)
+    hi = min(OW, (W - 1 - off) // sw + 1) if W - 1 - off >= 0 else 0
+    return lo, max(lo, hi), off
+
+
+@njit(cache=True, parallel=True)
+def max_forward(x, y, argmax, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
+    """``y`` (planes, OH, OW) = MAX pooling of ``x`` (planes, H, W); ``argmax`` likewise."""
+    for t in prange(threads):
+        for p in range(planes * t // threads, planes * (t + 1) // threads):
+            xb = p * H * W
+            for oh in range(OH):
+                hs = oh * sh - ph
+                he = min(hs + kh, H)
+                hs = max(hs, 0)
+                row = (p * OH + oh) * OW
+                _fill(y, row, OW, -FLT_MAX)
+                for o in range(OW):
+                    argmax[row + o] = -1
+                for h in range(hs, he):
+                    for j in range(kw):
+                        lo, hi, off = _columns(j, pw, sw, W, OW)
+                        first = h * W + lo * sw + off
+                        if sw == 1:
+                            _max_run1(x, xb + first, y, argmax, row + lo, hi - lo, first)
+                        elif sw == 2:
+                            _max_run2(x, xb + first, y, argmax, row + lo, hi - lo, first)
+                        else:
+                            for o in range(lo, hi):
+                                v = x[xb + first + (o - lo) * sw]
+                                if v > y[row + o]:
+                                    y[row + o] = v
+                                    argmax[row + o] = first + (o - lo) * sw
+
+
+@njit(cache=True, parallel=True)
+def max_backward(dy, argmax, dx, planes, H, W, OH, OW, threads):
+    """``dx`` (planes, H, W) = 0, then ``dx[argmax] += dy`` output by output."""
+    for t in prange(threads):
+        for p in range(planes * t // threads, planes * (t + 1) // threads):
+            xb = p * H * W
+            _fill(dx, xb, H * W, f32(0))
+            yb = p * OH * OW
+            for o in range(OH * OW):
+                a = argmax[yb + o]
+                if a >= 0:
+                    dx[xb + a] += dy[yb + o]
+
+
+@njit(cache=True, parallel=True)
+def ave_forward(x, y, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
+    """``y`` (planes, OH, OW) = AVE pooling of ``x``, ``divisor`` Caffe's (OH, OW) pool sizes."""
+    for t in prange(threads):
+        for p in range(planes * t // threads, planes * (t + 1) // threads):
+            xb = p * H * W
+            for oh in range(OH):
+                hs = oh * sh - ph
+                he = min(hs + kh, H)
+                hs = max(hs, 0)
+                row = (p * OH + oh) * OW
+                _fill(y, row, OW, f32(0))
+                for h in range(hs, he):
+                    for j in range(kw):
+                        lo, hi, off = _columns(j, pw, sw, W, OW)
+                        first = h * W + lo * sw + off
+                        if sw == 1:
+                            _sum_run1(x, xb + first, y, row + lo, hi - lo)
+                        elif sw == 2:
+                            _sum_run2(x, xb + first, y, row + lo, hi - lo)
+                        else:
+                            for o in range(lo, hi):
+                                y[row + o] += x[xb + first + (o - lo) * sw]
+                for o in range(OW):
+                    y[row + o] /= divisor[oh * OW + o]
+
+
+@njit(cache=True, parallel=True)
+def ave_backward(dy, dx, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
+    """``dx`` (planes, H, W) = 0, then ``dy / size`` added over every window, outputs in
+    increasing order (row by row; within a row, window columns last to first)."""
+    for t in prange(threads):
+        for p in range(planes * t // threads, planes * (t + 1) // threads):
+            xb = p * H * W
+            _fill(dx, xb, H * W, f32(0))
+            for oh in range(OH):
+                hs = oh * sh - ph
+                he = min(hs + kh, H)
+                hs = max(hs, 0)
+                row = (p * OH + oh) * OW
+                for h in range(hs, he):
+                    for j in range(kw - 1, -1, -1):
+                        lo, hi, off = _columns(j, pw, sw, W, OW)
+                        base = xb + h * W + off
+                        for o in range(lo, hi):
+                            dx[numba.uint64(base + o * sw)] += (dy[row + o]
+                                                                / divisor[oh * OW + o])
+
+
+class PoolPlan:
+    """One pooling geometry (:class:`...geometry.PoolGeometry`) on NumPy float32 arrays.
+
+    ``x``/``dx`` (N, C, H, W), ``y``/``dy``/``mask`` (N, C, OH, OW), C-contiguous. MAX keeps the
+    argmax (int32, Caffe's ``max_idx_``) from ``forward`` for ``backward`` and writes it as float
+    into ``mask`` (Caffe's second top) unless ``mask`` is None.
+    """
+
+    def __init__(self, geometry, tuning):
+        g = self.geometry = geometry
+        self.threads = tuning.threads
+        self.planes = g.num * g.channels
+        self.dims = g.in_hw + g.out_hw
+        self.window = g.kernel + g.stride + g.pad
+        self.is_max = g.method == 0
+        self.argmax = numpy.empty(self.planes * g.out_hw[0] * g.out_hw[1], numpy.int32)
+        self.divisor = ave_divisors(g.in_hw, g.out_hw, g.kernel, g.stride, g.pad).reshape(-1)
+
+    def forward(self, x, y, mask=None):
+        if self.is_max:
+            max_forward(x.reshape(-1), y.reshape(-1), self.argmax, self.planes, *self.dims,
+                        *self.window, self.threads)
+            if mask is not None:
+                mask.reshape(-1)[...] = self.argmax
+        else:
+            ave_forward(x.reshape(-1), y.reshape(-1), self.divisor, self.planes, *self.dims,
+                        *self.window, self.threads)
+
+    def backward(self, dy, dx):
+        if self.is_max:
+            max_backward(dy.reshape(-1), self.argmax, dx.reshape(-1), self.planes, *self.dims,
+                         self.threads)
+        else:
+            ave_backward(dy.reshape(-1), dx.reshape(-1), self.divisor, self.planes, *self.dims,
+                         *self.window, self.threads)

@@ -1,0 +1,494 @@
+"""Explicit SIMD building blocks for the Numba kernels, written as Numba intrinsics.
+
+Numba's loops vectorise well only when LLVM can prove that an index is non-negative and that
+the arrays do not overlap; a GEMM micro-kernel also needs its accumulators to stay in vector
+registers for a whole pass over the inner dimension, which no loop written in Python gets from
+LLVM. The functions here emit the vector code themselves (LLVM IR through Numba's
+``@intrinsic``): ``<W x float>`` values, ``llvm.fma``, and masked loads and stores for the ragged
+ends of short rows. They compile for any CPU: ``W`` is 16 (one AVX-512 register) where the host
+has AVX-512 and 8 elsewhere, and LLVM splits wider vectors into what the target has.
+
+Every function takes 1-D float32 arrays and element offsets; none checks bounds (the callers'
+geometry guarantees them; the tests compare every caller with the NumPy reference kernels).
+
+* :func:`microkernel` ``(rows, vectors, a_indirect, b_indirect)``: the GEMM micro-kernel, a
+  ``rows x (vectors * W)`` tile of C accumulated in registers over the inner dimension, with
+  A's rows and B's rows either ``lda``/``ldb`` apart or found through a table of offsets.
+* :func:`copy` ``(dst, d0, src, s0, n)``, :func:`fill` ``(dst, d0, n, value)``,
+  :func:`add_into` ``(dst, d0, src, s0, n)`` (``dst += src``), :func:`copy_plus`
+  ``(dst, d0, src, s0, n, value)`` (``dst = src + value``): whole vectors, then one masked vector.
+* :func:`copy_runs` and :func:`add_runs` ``(dst, d0, dstep, src, s0, sstep, runs, length)``:
+  ``runs`` rows of ``length`` floats, ``dst`` rows ``dstep`` apart and ``src`` rows ``sstep``
+  apart, copied (``=``) or added (``+=``).
+* :func:`total` ``(src, s0, n)``: a float32 sum in a fixed order (lane-wise, then the lanes).
+"""
+import functools
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+I32 = ir.IntType(32)
+
+
+@functools.lru_cache(maxsize=None)
+def vector_width():
+    """Floats per SIMD register on this host: 16 with AVX-512, else 8."""
+    features = llvm.get_host_cpu_features()
+    return 16 if features.get("avx512f", False) else 8
+
+
+def _vt(w):
+    return ir.VectorType(F32, w)
+
+
+def _data(context, builder, arr_type, value):
+    return context.make_array(arr_type)(context, builder, value).data
+
+
+def _splat(builder, value, w):
+    vec = builder.insert_element(ir.Constant(_vt(w), ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(_vt(w), ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, w), [0] * w))
+
+
+def _vptr(builder, base, offset, w):
+    return builder.bitcast(builder.gep(base, [offset]), _vt(w).as_pointer())
+
+
+def _fma(builder, w):
+    return cgutils.get_or_insert_function(builder.module,
+                                          ir.FunctionType(_vt(w), [_vt(w)] * 3),
+                                          f"llvm.fma.v{w}f32")
+
+
+def _masked(builder, w):
+    """(masked load, masked store) intrinsic declarations for <w x float>."""
+    vt, mt = _vt(w), ir.VectorType(ir.IntType(1), w)
+    ptr = vt.as_pointer()
+    load = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vt, [ptr, I32, mt, vt]), f"llvm.masked.load.v{w}f32.p0")
+    store = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [vt, ptr, I32, mt]),
+        f"llvm.masked.store.v{w}f32.p0")
+    return load, store
+
+
+def _mask(builder, count, w):
+    """<w x i1>: lane i set when i < count (count an i64 in 0..w)."""
+    lanes = ir.Constant(ir.VectorType(I64, w), list(range(w)))
+    bound = builder.insert_element(ir.Constant(ir.VectorType(I64, w), ir.Undefined), count,
+                                   ir.Constant(I32, 0))
+    bound = builder.shuffle_vector(bound, ir.Constant(ir.VectorType(I64, w), ir.Undefined),
+                                   ir.Constant(ir.VectorType(I32, w), [0] * w))
+    return builder.icmp_signed("<", lanes, bound)
+
+
+def _counted_loop(builder, count, body):
+    """Emit ``for i in range(count): body(builder, i)`` (count an i64)."""
+    pre = builder.block
+    loop = builder.append_basic_block("loop")
+    done = builder.append_basic_block("done")
+    zero = ir.Constant(I64, 0)
+    builder.cbranch(builder.icmp_signed(">", count, zero), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(I64)
+    i.add_incoming(zero, pre)
+    body(builder, i)
+    nxt = builder.add(i, ir.Constant(I64, 1))
+    i.add_incoming(nxt, builder.block)
+    builder.cbranch(builder.icmp_signed("<", nxt, count), loop, done)
+    builder.position_at_end(done)
+
+
+def _vector_op(kind, w):
+    """Codegen of the row operations (see the module docstring), ``w`` floats a vector.
+
+    The elements ``[0, n)`` are done as ``n // w`` whole vectors and one masked vector."""
+    def codegen(context, builder, signature, args):
+        if kind == "fill":
+            dst_t = signature.args[0]
+            dst, d0, n, value = args
+            src_p = s0 = None
+        else:
+            dst_t, src_t = signature.args[0], signature.args[2]
+            dst, d0, src, s0, n = args[:5]
+            value = args[5] if kind == "copy_plus" else None
+            src_p = builder.gep(_data(context, builder, src_t, src), [s0])
+        dst_p = builder.gep(_data(context, builder, dst_t, dst), [d0])
+        vt = _vt(w)
+        splat = _splat(builder, value, w) if value is not None else None
+        mload, mstore = _masked(builder, w)
+        align = ir.Constant(I32, 4)
+
+        def step(builder, off, mask):
+            def load(ptr):
+                p = _vptr(builder, ptr, off, w)
+                if mask is None:
+                    return builder.load(p, align=4)
+                return builder.call(mload, [p, align, mask, ir.Constant(vt, [0.0] * w)])
+            if kind == "fill":
+                v = splat
+            elif kind == "copy":
+                v = load(src_p)
+            elif kind == "copy_plus":
+                v = builder.fadd(load(src_p), splat)
+            else:  # add_into
+                v = builder.fadd(load(dst_p), load(src_p))
+            p = _vptr(builder, dst_p, off, w)
+            if mask is None:
+                builder.store(v, p, align=4)
+            else:
+                builder.call(mstore, [v, p, align, mask])
+
+        wc = ir.Constant(I64, w)
+        whole = builder.sdiv(n, wc)
+        _counted_loop(builder, whole, lambda b, i: step(b, b.mul(i, wc), None))
+        rest = builder.sub(n, builder.mul(whole, wc))
+        with builder.if_then(builder.icmp_signed(">", rest, ir.Constant(I64, 0))):
+            step(builder, builder.mul(whole, wc), _mask(builder, rest, w))
+        return context.get_dummy_value()
+    return codegen
+
+
+def _row_intrinsic(kind):
+    w = vector_width()
+
+    if kind == "fill":
+        def typer(typingctx, dst, d0, n, value):
+            return types.void(dst, types.int64, types.int64, types.float32), _vector_op(kind, w)
+    elif kind == "copy_plus":
+        def typer(typingctx, dst, d0, src, s0, n, value):
+            return (types.void(dst, types.int64, src, types.int64, types.int64, types.float32),
+                    _vector_op(kind, w))
+    else:
+        def typer(typingctx, dst, d0, src, s0, n):
+            return (types.void(dst, types.int64, src, types.int64, types.int64),
+                    _vector_op(kind, w))
+    typer.__name__ = f"simd_{kind}"
+    return intrinsic(typer)
+
+
+copy = _row_intrinsic("copy")
+fill = _row_intrinsic("fill")
+add_into = _row_intrinsic("add_into")
+copy_plus = _row_intrinsic("copy_plus")
+
+
+def _runs_codegen(kind, w):
+    """``runs`` rows of ``length`` floats: ``dst[d0 + r dstep + i] = src[s0 + r sstep + i]``
+    (``copy``) or ``+=`` (``add``), the tail mask made once for all rows."""
+    def codegen(context, builder, signature, args):
+        dst, d0, dstep, src, s0, sstep, runs, length = args
+        dst_p = builder.gep(_data(context, builder, signature.args[0], dst), [d0])
+        src_p = builder.gep(_data(context, builder, signature.args[3], src), [s0])
+        vt = _vt(w)
+        mload, mstore = _masked(builder, w)
+        align = ir.Constant(I32, 4)
+        wc = ir.Constant(I64, w)
+        whole = builder.sdiv(length, wc)
+        tail_at = builder.mul(whole, wc)
+        rest = builder.sub(length, tail_at)
+        mask = _mask(builder, rest, w)
+        has_tail = builder.icmp_signed(">", rest, ir.Constant(I64, 0))
+
+        def row(builder, r):
+            d = builder.gep(dst_p, [builder.mul(r, dstep)])
+            s = builder.gep(src_p, [builder.mul(r, sstep)])
+
+            def vec(builder, i):
+                off = builder.mul(i, wc)
+                v = builder.load(_vptr(builder, s, off, w), align=4)
+                p = _vptr(builder, d, off, w)
+                if kind == "add":
+                    v = builder.fadd(builder.load(p, align=4), v)
+                builder.store(v, p, align=4)
+            _counted_loop(builder, whole, vec)
+            with builder.if_then(has_tail):
+                zero = ir.Constant(vt, [0.0] * w)
+                v = builder.call(mload, [_vptr(builder, s, tail_at, w), align, mask, zero])
+                p = _vptr(builder, d, tail_at, w)
+                if kind == "add":
+                    v = builder.fadd(builder.call(mload, [p, align, mask, zero]), v)
+                builder.call(mstore, [v, p, align, mask])
+        _counted_loop(builder, runs, row)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _runs_intrinsic(kind):
+    w = vector_width()
+
+    def typer(typingctx, dst, d0, dstep, src, s0, sstep, runs, length):
+        i64 = types.int64
+        return (types.void(dst, i64, i64, src, i64, i64, i64, i64), _runs_codegen(kind, w))
+    typer.__name__ = f"simd_{kind}_runs"
+    return intrinsic(typer)
+
+
+copy_runs = _runs_intrinsic("copy")
+add_runs = _runs_intrinsic("add")
+
+
+def _total_codegen(w):
+    def codegen(context, builder, signature, args):
+        src, s0, n = args
+        src_p = builder.gep(_data(context, builder, signature.args[0], src), [s0])
+        vt = _vt(w)
+        mload, _ = _masked(builder, w)
+        wc = ir.Constant(I64, w)
+        whole = builder.sdiv(n, wc)
+        zero = ir.Constant(vt, [0.0] * w)
+        acc = cgutils.alloca_once_value(builder, zero)
+
+        def vec(builder, i):
+            v = builder.load(_vptr(builder, src_p, builder.mul(i, wc), w), align=4)
+            builder.store(builder.fadd(builder.load(acc), v), acc)
+        _counted_loop(builder, whole, vec)
+        tail_at = builder.mul(whole, wc)
+        rest = builder.sub(n, tail_at)
+        v = builder.call(mload, [_vptr(builder, src_p, tail_at, w), ir.Constant(I32, 4),
+                                 _mask(builder, rest, w), zero])
+        lanes = builder.fadd(builder.load(acc), v)
+        total = builder.extract_element(lanes, ir.Constant(I32, 0))
+        for lane in range(1, w):
+            total = builder.fadd(total, builder.extract_element(lanes, ir.Constant(I32, lane)))
+        return total
+    return codegen
+
+
+@intrinsic
+def total(typingctx, src, s0, n):
+    """``sum(src[s0:s0 + n])`` as float32: ``W`` running lane sums, then the lanes in order."""
+    return types.float32(src, types.int64, types.int64), _total_codegen(vector_width())
+
+
+@functools.lru_cache(maxsize=None)
+def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=False):
+    """The GEMM micro-kernel intrinsic for a ``rows x (vectors * vector_width())`` tile.
+
+    ``mk(A, a0, lda, ai, ai0, B, b0, ldb, bi, bi0, C, c0, ldc, k, accumulate)``: the tile
+    ``C[c0 + r ldc + j]`` is set to (or, with ``accumulate``, incremented by)
+    ``sum_t a_r[t] * b_t[j]`` over ``t < k`` in increasing order (one fused multiply-add per
+    term), where row ``r`` of A starts at ``A[a0 + r lda]`` (or ``A[a0 + ai[ai0 + r]]`` when
+    ``a_indirect``) and row ``t`` of B at ``B[b0 + t ldb]`` (or ``B[b0 + bi[bi0 + t]]`` when
+    ``b_indirect``). With ``a_packed`` A is a packed panel instead: ``a_r[t]`` is
+    ``A[a0 + t rows + r]`` (one stream instead of ``rows``; ``lda`` unused). A, B, C are 1-D float32 arrays, ``ai``/``bi`` int64 arrays (ignored unless
+    indirect), the rest int64 but ``accumulate`` (bool). The indirect forms read a convolution's
+    input in place: a table of the kernel offsets' positions replaces the column matrix.
+    ``rows * vectors`` accumulators plus ``vectors`` loads of B must fit the register file
+    (32 vector registers with AVX-512).
+    """
+    w = vector_width()
+    vt = _vt(w)
+
+    def typer(typingctx, A, a0, lda, ai, ai0, B, b0, ldb, bi, bi0, C, c0, ldc, k, accumulate):
+        i64 = types.int64
+        sig = types.void(A, i64, i64, ai, i64, B, i64, i64, bi, i64, C, i64, i64, i64,
+                         types.boolean)
+
+        def codegen(context, builder, signature, args):
+            (A_, a0_, lda_, ai_, ai0_, B_, b0_, ldb_, bi_, bi0_, C_, c0_, ldc_, k_,
+             acc_) = args
+            sa = signature.args
+            pa = builder.gep(_data(context, builder, sa[0], A_), [a0_])
+            pb = builder.gep(_data(context, builder, sa[5], B_), [b0_])
+            pc = builder.gep(_data(context, builder, sa[10], C_), [c0_])
+            if a_packed:
+                a_rows = [builder.gep(pa, [ir.Constant(I64, r)]) for r in range(rows)]
+            elif a_indirect:
+                pai = builder.gep(_data(context, builder, sa[3], ai_), [ai0_])
+                a_rows = [builder.gep(pa, [builder.load(builder.gep(pai, [ir.Constant(I64, r)]))])
+                          for r in range(rows)]
+            else:
+                a_rows = [builder.gep(pa, [builder.mul(ir.Constant(I64, r), lda_)])
+                          for r in range(rows)]
+            if b_indirect:
+                pbi = builder.gep(_data(context, builder, sa[8], bi_), [bi0_])
+            fma = _fma(builder, w)
+            zero = ir.Constant(vt, [0.0] * w)
+            pre = builder.block
+            loop = builder.append_basic_block("mk_loop")
+            done = builder.append_basic_block("mk_done")
+            builder.cbranch(builder.icmp_signed(">", k_, ir.Constant(I64, 0)), loop, done)
+            builder.position_at_end(loop)
+            kk = builder.phi(I64)
+            kk.add_incoming(ir.Constant(I64, 0), pre)
+            acc = [[builder.phi(vt) for _ in range(vectors)] for _ in range(rows)]
+            for row in acc:
+                for phi in row:
+                    phi.add_incoming(zero, pre)
+            if b_indirect:
+                b_row = builder.gep(pb, [builder.load(builder.gep(pbi, [kk]))])
+            else:
+                b_row = builder.gep(pb, [builder.mul(kk, ldb_)])
+            b = [builder.load(_vptr(builder, b_row, ir.Constant(I64, v * w), w), align=4)
+                 for v in range(vectors)]
+            new = []
+            a_step = builder.mul(kk, ir.Constant(I64, rows)) if a_packed else kk
+            for r in range(rows):
+                a = _splat(builder, builder.load(builder.gep(a_rows[r], [a_step])), w)
+                new.append([builder.call(fma, [a, b[v], acc[r][v]]) for v in range(vectors)])
+            nxt = builder.add(kk, ir.Constant(I64, 1))
+            end = builder.block
+            kk.add_incoming(nxt, end)
+            for r in range(rows):
+                for v in range(vectors):
+                    acc[r][v].add_incoming(new[r][v], end)
+            builder.cbranch(builder.icmp_signed("<", nxt, k_), loop, done)
+            builder.position_at_end(done)
+            totals = [[builder.phi(vt) for _ in range(vectors)] for _ in range(rows)]
+            for r in range(rows):
+                for v in range(vectors):
+                    totals[r][v].add_incoming(zero, pre)
+                    totals[r][v].add_incoming(new[r][v], end)
+            keep = builder.icmp_unsigned("!=", acc_, ir.Constant(acc_.type, 0))
+            for r in range(rows):
+                c_row = builder.gep(pc, [builder.mul(ir.Constant(I64, r), ldc_)])
+                for v in range(vectors):
+                    total = totals[r][v]
+                    p = _vptr(builder, c_row, ir.Constant(I64, v * w), w)
+                    old = builder.load(p, align=4)
+                    builder.store(builder.select(keep, builder.fadd(old, total), total), p,
+                                  align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    typer.__name__ = (f"microkernel_{rows}x{vectors}" + ("_ai" if a_indirect else "")
+                      + ("_bi" if b_indirect else "") + ("_ap" if a_packed else ""))
+    return intrinsic(typer)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pooling runs: one window offset applied to a row of outputs
+# ------------------------------------------------------------------------------------------------
+def _strided_load(builder, base, start, count, stride, w, fill):
+    """``base[start + stride * lane]`` for lanes ``< count`` (else ``fill``) as <w x float>;
+    stride 1 or 2 (two loads and a shuffle of the even floats)."""
+    vt = _vt(w)
+    mload, _ = _masked(builder, w)
+    align = ir.Constant(I32, 4)
+    passthru = ir.Constant(vt, [fill] * w)
+    if stride == 1:
+        return builder.call(mload, [_vptr(builder, base, start, w), align,
+                                    _mask(builder, count, w), passthru])
+    # floats 0 .. 2 count - 2 of the run are read
+    span = builder.sub(builder.mul(count, ir.Constant(I64, 2)), ir.Constant(I64, 1))
+    lo = builder.call(mload, [_vptr(builder, base, start, w), align, _mask(builder, span, w),
+                              passthru])
+    rest = builder.sub(span, ir.Constant(I64, w))
+    hi = builder.call(mload, [_vptr(builder, base, builder.add(start, ir.Constant(I64, w)), w),
+                              align, _mask(builder, rest, w), passthru])
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, w),
+                                                      [2 * i for i in range(w)]))
+
+
+def _int_masked(builder, w):
+    it = ir.VectorType(I32, w)
+    mt = ir.VectorType(ir.IntType(1), w)
+    load = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(it, [it.as_pointer(), I32, mt, it]),
+        f"llvm.masked.load.v{w}i32.p0")
+    store = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [it, it.as_pointer(), I32, mt]),
+        f"llvm.masked.store.v{w}i32.p0")
+    return load, store
+
+
+@functools.lru_cache(maxsize=None)
+def pool_max_run(stride):
+    """``run(x, x0, best, arg, b0, n, index0)``: for ``o < n``, where
+    ``x[x0 + stride o] > best[b0 + o]`` (ordered: NaN never wins), ``best[b0 + o]`` takes that
+    value and ``arg[b0 + o]`` (int32) the index ``index0 + stride o``. ``stride`` 1 or 2.
+    One step of Caffe's MAX scan for a row of windows."""
+    w = vector_width()
+
+    def typer(typingctx, x, x0, best, arg, b0, n, index0):
+        i64 = types.int64
+        sig = types.void(x, i64, best, arg, i64, i64, i64)
+
+        def codegen(context, builder, signature, args):
+            x_, x0_, best_, arg_, b0_, n_, index0_ = args
+            sa = signature.args
+            px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+            pb = builder.gep(_data(context, builder, sa[2], best_), [b0_])
+            pa = builder.gep(_data(context, builder, sa[3], arg_), [b0_])
+            mload, mstore = _masked(builder, w)
+            iload, istore = _int_masked(builder, w)
+            it = ir.VectorType(I32, w)
+            align = ir.Constant(I32, 4)
+            wc = ir.Constant(I64, w)
+            lanes = ir.Constant(it, [stride * i for i in range(w)])
+            steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
+
+            def body(builder, i):
+                at = builder.mul(i, wc)
+                count = builder.sub(n_, at)
+                mask = _mask(builder, builder.select(
+                    builder.icmp_signed(">", count, wc), wc, count), w)
+                v = _strided_load(builder, px, builder.mul(at, ir.Constant(I64, stride)),
+                                  builder.select(builder.icmp_signed(">", count, wc), wc, count),
+                                  stride, w, float("-inf"))
+                bp = _vptr(builder, pb, at, w)
+                ap = builder.bitcast(builder.gep(pa, [at]), it.as_pointer())
+                b = builder.call(mload, [bp, align, mask, ir.Constant(_vt(w), [0.0] * w)])
+                a = builder.call(iload, [ap, align, mask, ir.Constant(it, [0] * w)])
+                gt = builder.fcmp_ordered(">", v, b)
+                first = builder.trunc(builder.add(index0_, builder.mul(at, ir.Constant(
+                    I64, stride))), I32)
+                idx = builder.add(_splat_int(builder, first, w), lanes)
+                builder.call(mstore, [builder.select(gt, v, b), bp, align, mask])
+                builder.call(istore, [builder.select(gt, idx, a), ap, align, mask])
+            _counted_loop(builder, steps, body)
+            return context.get_dummy_value()
+        return sig, codegen
+    typer.__name__ = f"pool_max_run_{stride}"
+    return intrinsic(typer)
+
+
+def _splat_int(builder, value, w):
+    it = ir.VectorType(I32, w)
+    vec = builder.insert_element(ir.Constant(it, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(it, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, w), [0] * w))
+
+
+@functools.lru_cache(maxsize=None)
+def pool_sum_run(stride):
+    """``run(x, x0, total, t0, n)``: ``total[t0 + o] += x[x0 + stride o]`` for ``o < n``
+    (``stride`` 1 or 2): one step of Caffe's AVE sum for a row of windows."""
+    w = vector_width()
+
+    def typer(typingctx, x, x0, total_, t0, n):
+        i64 = types.int64
+        sig = types.void(x, i64, total_, i64, i64)
+
+        def codegen(context, builder, signature, args):
+            x_, x0_, tot_, t0_, n_ = args
+            sa = signature.args
+            px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+            pt = builder.gep(_data(context, builder, sa[2], tot_), [t0_])
+            mload, mstore = _masked(builder, w)
+            align = ir.Constant(I32, 4)
+            wc = ir.Constant(I64, w)
+            steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
+
+            def body(builder, i):
+                at = builder.mul(i, wc)
+                count = builder.sub(n_, at)
+                count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+                mask = _mask(builder, count, w)
+                v = _strided_load(builder, px, builder.mul(at, ir.Constant(I64, stride)), count,
+                                  stride, w, 0.0)
+                tp = _vptr(builder, pt, at, w)
+                t = builder.call(mload, [tp, align, mask, ir.Constant(_vt(w), [0.0] * w)])
+                builder.call(mstore, [builder.fadd(t, v), tp, align, mask])
+            _counted_loop(builder, steps, body)
+            return context.get_dummy_value()
+        return sig, codegen
+    typer.__name__ = f"pool_sum_run_{stride}"
+    return intrinsic(typer)

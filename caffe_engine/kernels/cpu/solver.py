@@ -1,0 +1,104 @@
+"""Caffe's solver step of one learnable param on the CPU, fused into one pass in Numba.
+
+Per element, in float32 and in exactly the order of the reference step
+(:func:`..reference.solver.step`, Caffe's): normalise by ``iter_size``, add the weight decay
+(L2: ``decay * data``; L1: ``decay * sign(data)``), apply the update rule to the gradient and
+its history, and ``data -= update``; ``diff`` keeps the update value. Results equal the
+reference kernels' bit for bit (no operation is fused into a multiply-add). Large params are
+split between threads.
+"""
+import numpy
+from numba import njit, prange
+
+from ..reference.solver import RULES, adam_correction
+
+f32 = numpy.float32
+#: Update rule -> the code the kernel switches on.
+CODES = {name: code for code, name in enumerate(RULES)}
+#: Params of at least this many floats are split between threads.
+PARALLEL_MIN = 1 << 16
+
+
+@njit(cache=True, inline="always")
+def _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
+             scale):
+    g = diff[i]
+    if scale != f32(1):
+        g = g * scale
+    if decay != f32(0):
+        w = data[i]
+        g = g + (decay * numpy.sign(w) if l1 else w * decay)
+    if rule == 0:        # SGD: h = m h + rate g; g = h
+        h = h0[i] * m + g * rate
+        h0[i] = h
+        g = h
+    elif rule == 1:      # Nesterov: h' = m h + rate g; g = (1 + m) h' - m h
+        old = h0[i]
+        h = old * m + g * rate
+        h0[i] = h
+        g = old * -m + h * (f32(1) + m)
+    elif rule == 2:      # AdaGrad: h += g g; g = rate g / (sqrt(h) + delta)
+        h = h0[i] + g * g
+        h0[i] = h
+        g = (g / (numpy.sqrt(h) + delta)) * rate
+    elif rule == 3:      # RMSProp: h = d h + (1 - d) g g; g = rate g / (sqrt(h) + delta)
+        h = h0[i] * rms + (g * g) * (f32(1) - rms)
+        h0[i] = h
+        g = (g / (numpy.sqrt(h) + delta)) * rate
+    elif rule == 4:      # AdaDelta
+        hg = h0[i] * m + (g * g) * (f32(1) - m)
+        h0[i] = hg
+        g = g * numpy.sqrt((h1[i] + delta) / (hg + delta))
+        hu = h1[i] * m + (g * g) * (f32(1) - m)
+        h1[i] = hu
+        g = g * rate
+    else:                # Adam
+        mo = h0[i] * m + g * (f32(1) - m)
+        h0[i] = mo
+        v = h1[i] * m2 + (g * g) * (f32(1) - m2)
+        h1[i] = v
+        g = (mo / (numpy.sqrt(v) + delta)) * correction
+    diff[i] = g
+    data[i] = data[i] - g
+
+
+@njit(cache=True)
+def step_serial(rule, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
+                scale):
+    """The fused step over every element of one param (flat float32 arrays)."""
+    for i in range(data.shape[0]):
+        _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
+                 scale)
+
+
+@njit(cache=True, parallel=True)
+def step_parallel(rule, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
+                  scale, threads):
+    """:func:`step_serial` with the elements split between ``threads`` threads."""
+    n = data.shape[0]
+    for t in prange(threads):
+        for i in range(n * t // threads, n * (t + 1) // threads):
+            _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay,
+                     l1, scale)
+
+
+def make_step(rule, tuning):
+    """The cpu set's ``update(rule)``: same signature and results as the reference step."""
+    code = CODES[rule]
+    threads = tuning.threads
+
+    def step(data, diff, history, local_rate, hyper, decay, l1, iter_scale):
+        d, g = data.reshape(-1), diff.reshape(-1)
+        h0 = history[0].reshape(-1)
+        h1 = history[1].reshape(-1) if len(history) > 1 else h0
+        correction = f32(0)
+        if rule == "Adam":
+            correction = f32(f32(local_rate) * adam_correction(hyper))
+        args = (code, d, g, h0, h1, f32(local_rate), f32(hyper.momentum), f32(hyper.momentum2),
+                f32(hyper.delta), f32(hyper.rms_decay), correction, f32(decay), bool(l1),
+                f32(iter_scale))
+        if d.shape[0] >= PARALLEL_MIN and threads > 1:
+            step_parallel(*args, threads)
+        else:
+            step_serial(*args)
+    return step

@@ -1,0 +1,48 @@
+"""The reference kernel set: readable NumPy/CuPy bodies in Caffe's arithmetic order.
+
+What runs on CuPy arrays until the ``cuda`` set exists, what NumPy arrays fall back to without
+Numba, and the oracle the tests hold the compiled kernels to.
+"""
+from . import conv, lrn, pooling, solver, transform
+
+
+class ReferenceKernels:
+    """The kernel interface (see :mod:`caffe_engine.kernels`), in array code."""
+
+    name = "reference"
+
+    def conv(self, geometry):
+        """A plan for one :class:`..geometry.ConvGeometry` (any number of spatial axes)."""
+        return conv.ConvPlan(geometry)
+
+    def pooling(self, geometry):
+        """A plan for one :class:`..geometry.PoolGeometry` (MAX or AVE)."""
+        return pooling.PoolPlan(geometry)
+
+    def lrn(self, geometry):
+        """A plan for one :class:`..geometry.LRNGeometry`."""
+        return lrn.LRNPlan(geometry)
+
+    @staticmethod
+    def im2col(x, kernel, stride, pad, dilation, out_shape):
+        """Caffe's column matrix of every image of ``x``: see :func:`.conv.im2col`."""
+        return conv.im2col(x, kernel, stride, pad, dilation, out_shape)
+
+    @staticmethod
+    def col2im(col, in_shape, kernel, stride, pad, dilation):
+        """The adjoint of :meth:`im2col`: see :func:`.conv.col2im`."""
+        return conv.col2im(col, in_shape, kernel, stride, pad, dilation)
+
+    @staticmethod
+    def update(rule):
+        """The fused solver step for update rule ``rule`` (a key of :data:`.solver.RULES`):
+        ``step(data, diff, history, local_rate, hyper, decay, l1, iter_scale)``, see
+        :func:`.solver.step`."""
+        def step(data, diff, history, local_rate, hyper, decay, l1, iter_scale):
+            solver.step(rule, data, diff, history, local_rate, hyper, decay, l1, iter_scale)
+        return step
+
+    @staticmethod
+    def transform(batch, out, params, mean, scale):
+        """The Data layer's crop, mirror, mean and scale: see :func:`.transform.transform`."""
+        transform.transform(batch, out, params, mean, scale)
