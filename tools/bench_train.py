@@ -167,18 +167,28 @@ def gemm_peak(threads, size=2048, reps=7):
 # --------------------------------------------------------------------------------------------
 # Workers (one subprocess each)
 # --------------------------------------------------------------------------------------------
-def worker_engine(net_name, iters, warmup, settings=(), prefetch=None):
+def worker_engine(net_name, iters, warmup, settings=(), prefetch=None, kernel_set=None):
+    import dataclasses
     import logging
-    from caffe_engine.layers import vision
+    from caffe_engine import kernels
     from caffe_engine.log import logger
     from caffe_engine.proto import caffe_pb2
     from caffe_engine.solvers import get_solver
     logger.setLevel(logging.WARNING)
-    for setting in settings:
-        name, value = setting.split("=", 1)
-        if not hasattr(vision, name):
-            raise SystemExit(f"--set: caffe_engine.layers.vision has no {name}")
-        setattr(vision, name, None if value == "None" else type_of(value))
+    if kernel_set:
+        kernels.use(kernel_set)
+    if settings:
+        from caffe_engine.kernels.cpu import CpuKernels
+        from caffe_engine.kernels.cpu.tuning import CpuTuning
+        fields = {f.name for f in dataclasses.fields(CpuTuning)}
+        changes = {}
+        for setting in settings:
+            name, value = setting.split("=", 1)
+            if name not in fields:
+                raise SystemExit(f"--set: CpuTuning has no field {name} (fields: "
+                                 f"{', '.join(sorted(fields))})")
+            changes[name] = type_of(value)
+        kernels.use(CpuKernels(dataclasses.replace(CpuTuning.from_environment(), **changes)))
     with tempfile.TemporaryDirectory() as folder:
         param = train_net_param(net_name, folder)
         if prefetch is not None:

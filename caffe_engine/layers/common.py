@@ -9,7 +9,7 @@ parameter, bias, scale).
 """
 import numpy
 
-from .. import fillers
+from .. import fillers, kernels
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
@@ -102,34 +102,29 @@ class InnerProductLayer(Layer):
                              f"bottom {bottom[0].shape} gives K = {k}, weights expect {self.k}")
         self.m = bottom[0].count_range(0, axis)
         top[0].reshape(bottom[0].shape[:axis] + (self.num_output,))
-
-    def _w(self, blob_array):
-        """The weights as a (K, num_output) operand."""
-        return blob_array if self.transpose else blob_array.T
+        self.kernels = kernels.for_array(bottom[0].data)
 
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
         x = bottom[0].data.reshape(self.m, self.k)
         y = top[0].data.reshape(self.m, self.num_output)
-        xp.matmul(x, self._w(self.blobs[0].data), out=y)
+        self.kernels.matmul(x, self.blobs[0].data, y, trans_b=not self.transpose)
         if self.bias_term:
             y += self.blobs[1].data
 
     def backward(self, top, propagate_down, bottom):
-        xp = get_array_module(top[0].diff)
         dy = top[0].diff.reshape(self.m, self.num_output)
         x = bottom[0].data.reshape(self.m, self.k)
         ppd = getattr(self, "param_propagate_down", [True] * len(self.blobs))
         if ppd[0]:
             if self.transpose:
-                self.blobs[0].diff += xp.matmul(x.T, dy)
+                self.kernels.matmul(x, dy, self.blobs[0].diff, accumulate=True, trans_a=True)
             else:
-                self.blobs[0].diff += xp.matmul(dy.T, x)
+                self.kernels.matmul(dy, x, self.blobs[0].diff, accumulate=True, trans_a=True)
         if self.bias_term and ppd[1]:
             self.blobs[1].diff += dy.sum(axis=0)
         if propagate_down[0]:
             dx = bottom[0].diff.reshape(self.m, self.k)
-            xp.matmul(dy, self._w(self.blobs[0].data).T, out=dx)
+            self.kernels.matmul(dy, self.blobs[0].data, dx, trans_b=self.transpose)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -228,6 +228,17 @@ def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning):
     return best[1]
 
 
+def flip_pays(geometry):
+    """Whether a stride-1 convolution's data gradient should be the convolution of the top diff
+    with the flipped filters rather than ``W^T dy`` and col2im: that convolution runs over the
+    input's positions with the top's channels, col2im's product over the output's positions
+    (plus its scattered adds), so it pays unless the input has clearly more positions (a
+    "valid" convolution: LeNet's 12x12 -> 8x8 makes 2.25 times the multiply-adds)."""
+    inside = geometry.in_spatial[0] * geometry.in_spatial[1]
+    outside = geometry.out_spatial[0] * geometry.out_spatial[1]
+    return inside <= 1.25 * outside
+
+
 @njit(cache=True, inline="always")
 def _row_spans(s, length, row_wide, row_valid):
     """The rows a block of wide positions ``[s, s + length)`` covers, as (row, first within-row

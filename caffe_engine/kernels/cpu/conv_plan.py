@@ -43,7 +43,9 @@ class Conv2dPlan:
         # Backward data as a forward convolution of the top diff, where stride 1 and no pad
         # exceeds the dilated kernel's extent - 1.
         flip_pad = tuple(d * (k - 1) - p for k, d, p in zip(g.kernel, g.dilation, g.pad))
-        self.flip = g.stride == (1, 1) and min(flip_pad) >= 0
+        self.flip = (g.stride == (1, 1) and min(flip_pad) >= 0
+                     and (tuning.backward_data == "flip"
+                          or (tuning.backward_data == "auto" and conv.flip_pays(g))))
         if self.flip:
             self.fph, self.fpw = flip_pad
             self.fHs, self.fWs = self.OH + 2 * self.fph, self.OW + 2 * self.fpw

@@ -40,6 +40,9 @@ class CpuTuning:
             :func:`.conv.choose_chunk`, with ``gemm_rate`` FLOP/s for the micro-kernel and
             ``copy_cost`` / ``interleave_cost`` seconds per float packed without / with
             interleaving).
+        backward_data: how a stride-1 convolution's data gradient is computed: "flip" (a
+            convolution of the top diff with the flipped filters), "col2im" (W^T dy, then
+            the scattered adds), or "auto" (the cheaper by :func:`.conv.flip_pays`).
     """
 
     threads: int = 1
@@ -47,10 +50,11 @@ class CpuTuning:
     kc: int = 256
     skew: int = 16
     images_per_chunk: int = 0
-    chunk_candidates: tuple = (1, 4, 8, 16)
+    chunk_candidates: tuple = (1, 2, 3, 4, 6, 8, 12, 16)
     gemm_rate: float = 200e9
-    copy_cost: float = 0.5e-9
-    interleave_cost: float = 1.5e-9
+    copy_cost: float = 0.8e-9
+    interleave_cost: float = 0.8e-9
+    backward_data: str = "auto"
 
     @classmethod
     def from_environment(cls):

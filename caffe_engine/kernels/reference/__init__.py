@@ -3,6 +3,7 @@
 What runs on CuPy arrays until the ``cuda`` set exists, what NumPy arrays fall back to without
 Numba, and the oracle the tests hold the compiled kernels to.
 """
+from ...backend import get_array_module
 from . import conv, lrn, pooling, solver, transform
 
 
@@ -22,6 +23,18 @@ class ReferenceKernels:
     def lrn(self, geometry):
         """A plan for one :class:`..geometry.LRNGeometry`."""
         return lrn.LRNPlan(geometry)
+
+    @staticmethod
+    def matmul(a, b, c, accumulate=False, trans_a=False, trans_b=False):
+        """``c (+)= op(a) op(b)`` for 2-D float32 arrays, ``op`` the transpose where asked
+        (BLAS through ``xp.matmul``)."""
+        xp = get_array_module(c)
+        a = a.T if trans_a else a
+        b = b.T if trans_b else b
+        if accumulate:
+            c += xp.matmul(a, b)
+        else:
+            xp.matmul(a, b, out=c)
 
     @staticmethod
     def im2col(x, kernel, stride, pad, dilation, out_shape):
