@@ -5,8 +5,8 @@ Importing this package registers every layer type; see ``base.register``.
 from .base import Layer, create_layer, layer_type_list, register  # noqa: F401
 from . import (concat_slice, convolution, data, dummy_data, eltwise, endpoints, hdf5,  # noqa: F401
                im2col, image_data, indexing, inner_product, loss, memory_data, neuron,
-               normalization, pooling, python_layer, recurrent, reduction, shape, split,
-               spp)  # registration
+               normalization, pooling, python_layer, recurrent, reduction, shape, softmax,
+               split, spp)  # registration
 
 
 def __getattr__(name):
