@@ -3,13 +3,17 @@
 Caffe: include/caffe/blob.hpp. Shapes are tuples of ints, outermost first, e.g. (N, C, H, W).
 Reshaping to a new shape reallocates (zeroed) arrays; reshaping to the same shape keeps them, so
 layers may call ``reshape`` on every pass without cost. ``share_data`` makes two blobs view the
-same arrays (in-place layers, shared params).
+same arrays (in-place layers, shared params). Each array is a view of a buffer :data:`SLACK`
+floats longer (see :func:`caffe_engine.kernels.cpu.conv_plan.slack_after`).
 """
 import numpy
 
 from . import backend
 
 DTYPE = numpy.float32
+#: Floats allocated past the end of every data and diff array (not part of the blob): compiled
+#: kernels may read a vector beyond a blob's last element without a copy of the blob.
+SLACK = 64
 
 
 class Blob:
@@ -39,8 +43,11 @@ class Blob:
         if shape == self._shape:
             return
         self._shape = shape
-        self.data = self._xp.zeros(shape, DTYPE)
-        self.diff = self._xp.zeros(shape, DTYPE)
+        count = 1
+        for d in shape:
+            count *= d
+        self.data = self._xp.zeros(count + SLACK, DTYPE)[:count].reshape(shape)
+        self.diff = self._xp.zeros(count + SLACK, DTYPE)[:count].reshape(shape)
 
     def reshape_like(self, other):
         """Reshape to ``other``'s shape."""

@@ -19,7 +19,7 @@ import os
 
 import numpy
 
-from . import backend
+from . import backend, diff_sharing
 from .blob import Blob
 from .errors import CaffeError
 from .io import prototxt as pio
@@ -240,6 +240,7 @@ class Net:
         #: the data-parallel gradient buckets launch their allreduce from here.
         self.backward_hooks = []
         self.before_backward_hooks = []
+        self._diff_plan = None      # see share_diff_memory
 
         for layer_id, lp_in in enumerate(param.layer):
             lp = caffe_pb2.LayerParameter()
@@ -446,8 +447,18 @@ class Net:
                     loss += numpy.float32(float(xp.vdot(blob.data.ravel(), blob.diff.ravel())))
         return loss
 
+    def share_diff_memory(self):
+        """From the next backward on, let blobs whose gradients are not live at the same time
+        share diff memory (see :mod:`caffe_engine.diff_sharing`; the solver does this for its
+        train net). Params' and loss tops' diffs keep their own memory; intermediate blobs'
+        diffs are no longer all meaningful after ``backward``."""
+        self._diff_plan = ()
+
     def backward_from_to(self, start=None, end=0):
         """Run backward from layer index ``start`` (default last) down to ``end`` (inclusive)."""
+        if self._diff_plan is not None and self._diff_plan != diff_sharing.signature(self):
+            diff_sharing.plan(self)
+            self._diff_plan = diff_sharing.signature(self)
         start = len(self.layers) - 1 if start is None else start
         for i in range(start, end - 1, -1):
             for hook in self.before_backward_hooks:

@@ -125,6 +125,10 @@ class Solver:
         self._loss_start_iter = 0
         self._pending_loss_window = None
         self.net = self._init_train_net()
+        if os.environ.get("CAFFE_ENGINE_SHARE_DIFFS", "1") != "0":
+            # Intermediate gradients share memory (caffe_engine/diff_sharing.py); set
+            # CAFFE_ENGINE_SHARE_DIFFS=0 to keep every blob's diff after step() as Caffe does.
+            self.net.share_diff_memory()
         self.test_nets = self._init_test_nets()
         if self.comm is not None:
             self._init_data_parallel(bucket_mb)
