@@ -203,3 +203,41 @@ def test_transform_matches_reference_exactly(dtype, mean, crop):
         ks.transform(batch, out, params, means[mean], f32(0.00390625))
         results.append(out)
     numpy.testing.assert_array_equal(*results)
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 3, 5), (9, 17, 50), (64, 300, 70),
+                                   (130, 64, 20)])
+def test_matmul_matches_reference(trans_a, trans_b, shape):
+    m, k, n = shape
+    rng = numpy.random.default_rng(m + k + n)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(f32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(f32)
+    for accumulate in (False, True):
+        want = numpy.full((m, n), 0.5, f32)
+        REF.matmul(a, b, want, accumulate, trans_a, trans_b)
+        for tuning in (CpuTuning(threads=1, kc=5), CpuTuning(threads=3, kc=256)):
+            got = numpy.full((m, n), 0.5, f32)
+            CpuKernels(tuning).matmul(a, b, got, accumulate, trans_a, trans_b)
+            scale = max(1.0, float(numpy.abs(want).max()))
+            numpy.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * scale * k ** 0.5)
+
+
+@pytest.mark.parametrize("slack", [0, 64])
+def test_pointwise_convolution_reads_its_input_in_place_only_with_slack(slack):
+    from caffe_engine.kernels.cpu import conv_plan
+    g = ConvGeometry(3, 5, 7, 1, (6, 5), (6, 5), (1, 1), (1, 1), (0, 0), (1, 1))
+    rng = numpy.random.default_rng(7)
+    x, w, b, dy = conv_arrays(g, rng)
+    held = numpy.full(x.size + slack, numpy.nan, f32)
+    held[:x.size] = x.reshape(-1)
+    x_held = held[:x.size].reshape(x.shape)          # NaN past the end: never used in a sum
+    plan = CpuKernels(CpuTuning(threads=2, images_per_chunk=1)).conv(g)
+    assert plan.NB == 1 and plan.pointwise
+    in_place = plan._input(x_held)
+    assert (in_place.base is not None and numpy.shares_memory(in_place, held)) == (slack > 0)
+    want = conv_results(REF.conv(g), g, x, w, b, dy)
+    got = conv_results(plan, g, x_held, w, b, dy)
+    assert_sums_close(got, want, x, w, dy)
+    assert conv_plan.slack_after(x_held) == slack

@@ -206,12 +206,13 @@ def computed_positions(N, OH, OW, Ws, NB, columns):
     return int(sum(round_up(int(n), NR) for n in lengths))
 
 
-def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning):
+def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning, in_place=False):
     """Images per chunk (``NB``) for a layer: the candidate of ``tuning.chunk_candidates``
     with the least estimated time, a micro-kernel position costing ``kernel_dim * M`` fused
     multiply-adds at ``tuning.gemm_rate`` and each input and output float of :func:`pack` and
     the write-back ``tuning.copy_cost`` (NB = 1: a plain copy) or ``tuning.interleave_cost``
-    seconds. ``tuning.images_per_chunk`` forces it."""
+    seconds; with ``in_place`` (a 1x1 convolution) NB = 1 packs nothing.
+    ``tuning.images_per_chunk`` forces it."""
     if tuning.images_per_chunk:
         return max(1, min(N, tuning.images_per_chunk))
     best = None
@@ -220,7 +221,8 @@ def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning):
             continue
         gemm = computed_positions(N, OH, OW, Ws, nb, columns) * kernel_dim * M * 2
         gemm /= tuning.gemm_rate
-        copies = (C * (OH + 4) * Ws + M * OH * OW) * N
+        inputs = 0 if (in_place and nb == 1) else C * (OH + 4) * Ws
+        copies = (inputs + M * OH * OW) * N
         copies *= tuning.copy_cost if nb == 1 else tuning.interleave_cost
         cost = gemm + copies
         if best is None or cost < best[0]:

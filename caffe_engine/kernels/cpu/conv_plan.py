@@ -2,8 +2,27 @@
 
 See :mod:`.conv` for the kernels and the layout they share.
 """
+import numpy
+
 from . import conv
 from .conv import MR, MR_NARROW, NR, round_up
+
+
+def slack_after(a):
+    """Floats of the allocation that holds ``a`` (C-contiguous) past ``a``'s last element:
+    what a kernel may read beyond it (Blob arrays come with ``Blob.SLACK`` of them)."""
+    if not isinstance(a, numpy.ndarray) or not a.flags.c_contiguous:
+        return 0
+    base = a
+    while isinstance(base.base, numpy.ndarray):
+        base = base.base
+    end = a.__array_interface__["data"][0] + a.nbytes
+    base_end = base.__array_interface__["data"][0] + base.nbytes
+    return max(0, (base_end - end) // a.itemsize)
+
+
+#: Floats a kernel may read past a packed or in-place input.
+READ_PAST = NR + 16
 
 
 class Conv2dPlan:
@@ -34,8 +53,12 @@ class Conv2dPlan:
         # The input's packed layout and the blocks of output positions.
         self.Hs = -(-(self.H + 2 * self.ph) // self.sh)
         self.Ws = -(-(self.W + 2 * self.pw) // self.sw)
+        # A 1x1, stride-1, unpadded convolution with one image a chunk reads its input as it is
+        # (the packed layout is NCHW itself), when the array has slack past its end.
+        self.pointwise = (g.kernel == (1, 1) and g.stride == (1, 1) and g.pad == (0, 0)
+                          and g.dilation == (1, 1))
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
-                                    columns, tuning)
+                                    columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
         self.wg_narrow = conv.weight_grad_tile(self.M, self.G)[0] == MR_NARROW
         self.offs = conv.offsets(self.Cg, g.kernel, g.dilation, g.stride, self.Hs, self.Ws,
@@ -62,7 +85,7 @@ class Conv2dPlan:
         """``x`` (N, channels, h, w) packed (:func:`conv.pack`) in workspace slot ``slot``,
         then zeroed slack (blocks read up to a micro-kernel width and a row past the end)."""
         size = -(-self.N // nb) * channels * sh * sw * hs * ws * nb
-        slack = (NR + ws) * nb + NR
+        slack = (NR + ws) * nb + READ_PAST
         xt = self.workspace.get(slot, size + slack)
         conv.pack(x.reshape(-1), xt, self.N, channels, h, w, ph, pw, sh, sw, hs, ws, nb,
                   self.threads)
@@ -70,6 +93,8 @@ class Conv2dPlan:
         return xt
 
     def _input(self, x):
+        if self.pointwise and self.NB == 1 and slack_after(x) >= READ_PAST:
+            return x.reshape(-1)
         return self._pack("conv_in", x, self.C, self.H, self.W, self.ph, self.pw, self.sh,
                           self.sw, self.Hs, self.Ws, self.NB)
 
