@@ -2,30 +2,34 @@
 """Training-speed benchmark: the engine beside PyTorch on the same nets, in the same run.
 
 For each net of ``models/`` (LeNet batch 64, cifar10_quick batch 100, NiN batch 128, the small
-inception net batch 32 at 112x112 crops) and, on request, BVLC GoogLeNet (batch 32, 224x224
-crops, from ``../shared/realworld``), this times full training iterations — Data layer reading an
+inception net batch 32 at 112x112 crops) and BVLC GoogLeNet (batch 32, 224x224 crops, from
+``../shared/realworld``), this times full training iterations — Data layer reading an
 LMDB and transforming, forward, backward, SGD update — after warm-up, and reports the median
 iterations/s, images/s, achieved GFLOP/s (FLOPs counted from the net's shapes: forward and
 backward to weights of every Convolution and InnerProduct, and backward to data where the net
 computes it), the fraction of this machine's measured float32 GEMM peak, and the peak RSS. When
 PyTorch is installed (extra ``bench``), the same nets are built in PyTorch from the same prototxt
 and timed too, with the same number of threads, and the ratio engine/PyTorch is printed per net.
-Where the issue gives BVLC Caffe's forward+backward time for the net on this kind of machine
-(``CAFFE_MS``), the speed-up over it is printed too.
+With ``--caffe-bin PATH`` (a BVLC Caffe build's ``caffe``), Caffe's ``caffe time``
+forward+backward of exactly the benchmarked net (same prototxt, same LMDB, same threads) is
+measured in the same run; otherwise the figures measured for the issues on this kind of machine
+(``CAFFE_MS``) stand in. Either way the speed-up over Caffe is printed (the engine's whole
+iterations, with data and update, against Caffe's forward+backward alone).
 
 Each (framework, net) run is its own subprocess so that peak RSS is its own. ``--repeats R`` runs
 every pair R times, engine and PyTorch alternating, and reports the median of the runs' medians
 (and the spread) — on a shared machine compare ratios taken in one invocation.
 
-``--set NAME=VALUE`` overrides a tuning constant of ``caffe_engine/layers/vision.py`` in the
-engine's runs (e.g. ``COPY_THREADS=1``, ``COL2IM_COST=-1e9``, ``POINTWISE_BATCHED_MIN=1e9``,
-``CHUNK_IMAGES=1000``) and ``--prefetch N`` sets every Data layer's ``data_param.prefetch``: the
-ablations of docs/performance.md.
+``--set NAME=VALUE`` sets a field of the cpu kernel set's tuning
+(:class:`caffe_engine.kernels.cpu.tuning.CpuTuning`, e.g. ``block_columns=512``, ``kc=128``,
+``images_per_chunk=1``, ``backward_data=col2im``) in the engine's runs, ``--kernels reference``
+runs the reference kernel set instead, and ``--prefetch N`` sets every Data layer's
+``data_param.prefetch``: the ablations of docs/performance.md.
 
     python tools/bench_train.py [--nets lenet,cifar10_quick,nin,inception,googlenet]
                                 [--iters 20] [--warmup 3] [--repeats 1] [--threads 2]
                                 [--no-torch] [--json out.json] [--set NAME=VALUE ...]
-                                [--prefetch N]
+                                [--kernels reference|cpu] [--prefetch N] [--caffe-bin PATH]
     python tools/bench_train.py --write-nets DIR [--nets ...]   # then: caffe time --model
                                                                   #   DIR/<net>/train.prototxt
 
@@ -57,14 +61,15 @@ NETS = {
     "googlenet": ("../shared/realworld/natanielruiz__net-archive/places205-googlenet/"
                   "train_val_googlenet_places205.prototxt", (3, 256, 256)),
 }
-DEFAULT_NETS = ("lenet", "cifar10_quick", "nin", "inception")
+DEFAULT_NETS = ("lenet", "cifar10_quick", "nin", "inception", "googlenet")
 #: Classes of each net's last InnerProduct (the generated labels must fit).
 CLASSES = {"inception": 100, "googlenet": 205}
 #: Batch sizes set by the benchmark (GoogLeNet's prototxt says 128; the issue times 32).
 BATCH = {"googlenet": 32}
-#: BVLC Caffe's forward+backward ms per iteration on this kind of machine (2 cores), from the
-#: issue; the small inception net has no Caffe reference of its own.
-CAFFE_MS = {"lenet": 17.0, "cifar10_quick": 135.0, "nin": 2000.0, "googlenet": 3500.0}
+#: BVLC Caffe's ``caffe time`` forward+backward ms per iteration on this kind of machine (2 cores,
+#: OpenBLAS), as measured for the issues (GoogLeNet: 5.5-5.9 s on the net this benchmark writes;
+#: 3.5 s was BVLC's own prototxt); the small inception net has no Caffe reference of its own.
+CAFFE_MS = {"lenet": 17.0, "cifar10_quick": 135.0, "nin": 2000.0, "googlenet": 5700.0}
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +109,7 @@ def train_net_param(net, folder):
     return param
 
 
-def write_nets(nets, folder):
+def write_nets(nets, folder, quiet=False):
     """``--write-nets``: each net's TRAIN NetParameter and random LMDB under ``folder/<net>/``."""
     from google.protobuf import text_format
     for net in nets:
@@ -118,8 +123,27 @@ def write_nets(nets, folder):
         with open(path + ".tmp", "w") as out:
             out.write(text_format.MessageToString(train_net_param(net, target)))
         os.replace(path + ".tmp", path)
-        print(f"caffe time --model {path} --iterations 5")
+        if not quiet:
+            print(f"caffe time --model {path} --iterations 5")
     return 0
+
+
+def caffe_time_ms(caffe_bin, net, iters, threads):
+    """BVLC Caffe's ``caffe time`` "Average Forward-Backward" of the benchmarked ``net`` (ms),
+    or None when the binary failed."""
+    with tempfile.TemporaryDirectory() as folder:
+        if write_nets([net], folder, quiet=True):
+            return None
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads))
+        r = subprocess.run([caffe_bin, "time", "--model",
+                            os.path.join(folder, net, "train.prototxt"),
+                            "--iterations", str(iters)], capture_output=True, text=True, env=env)
+        for line in (r.stdout + r.stderr).splitlines():
+            if "Average Forward-Backward:" in line:
+                return float(line.split("Average Forward-Backward:")[1].split()[0])
+    sys.stderr.write(f"bench_train: {caffe_bin} time failed for {net}:\n{r.stderr[-1500:]}\n")
+    return None
 
 
 def count_flops(net):
@@ -341,6 +365,8 @@ def run_worker(kind, net, args):
            "--iters", str(args.iters), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if kind == "engine":
         cmd += [f"--set={s}" for s in args.set]
+        if args.kernels:
+            cmd += ["--kernels", args.kernels]
         if args.prefetch is not None:
             cmd += ["--prefetch", str(args.prefetch)]
     threads = str(args.threads)
@@ -370,7 +396,11 @@ def main(argv=None):
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a constant of caffe_engine/layers/vision.py (engine runs)")
+                        help="set a CpuTuning field of the cpu kernel set (engine runs)")
+    parser.add_argument("--kernels", choices=["reference", "cpu"],
+                        help="the engine's kernel set (default: the engine's own choice)")
+    parser.add_argument("--caffe-bin", metavar="PATH",
+                        help="a BVLC Caffe 'caffe' binary: measure its caffe time in this run")
     parser.add_argument("--prefetch", type=int, help="data_param.prefetch of every Data layer")
     parser.add_argument("--write-nets", metavar="DIR",
                         help="write the nets' TRAIN prototxts and LMDBs under DIR, time nothing")
@@ -388,7 +418,8 @@ def main(argv=None):
         if args.worker == "peak":
             out = {"gflops": gemm_peak(args.threads)}
         elif args.worker == "engine":
-            out = worker_engine(net, args.iters, args.warmup, args.set, args.prefetch)
+            out = worker_engine(net, args.iters, args.warmup, args.set, args.prefetch,
+                                args.kernels)
         else:
             out = worker_torch(net, args.iters, args.warmup, args.threads)
         out["peak_rss_mb"] = peak_rss_mb()
@@ -407,6 +438,8 @@ def main(argv=None):
           f"{args.warmup} warm-up + {args.iters} timed iterations per run, "
           f"{args.repeats} run(s) each; medians"
           + "".join(f"; {s}" for s in args.set)
+          + (f"; {args.kernels} kernels" if args.kernels else "")
+          + ("; Caffe measured by " + args.caffe_bin if args.caffe_bin else "")
           + (f"; prefetch {args.prefetch}" if args.prefetch is not None else ""))
     header = (f"{'net':<14}{'batch':>6}{'it/s':>9}{'ms/it':>9}{'img/s':>8}{'GFLOP/s':>9}"
               f"{'%peak':>7}{'RSS MB':>8}{'torch it/s':>11}{'torch RSS':>10}{'eng/torch':>10}"
@@ -445,9 +478,13 @@ def main(argv=None):
                                 torch_ms_range=[t_lo * 1e3, t_hi * 1e3], torch_rss_mb=t_rss)
         else:
             row += f"{'-':>11}{'-':>10}{'-':>10}"
-        if net in CAFFE_MS:
-            row += f"{CAFFE_MS[net]:>10.0f}{CAFFE_MS[net] / (sec * 1e3):>9.2f}"
-            results[net]["caffe_ms"] = CAFFE_MS[net]
+        caffe_ms = CAFFE_MS.get(net)
+        if args.caffe_bin:
+            caffe_ms = caffe_time_ms(args.caffe_bin, net, args.iters, args.threads)
+        if caffe_ms:
+            row += f"{caffe_ms:>10.0f}{caffe_ms / (sec * 1e3):>9.2f}"
+            results[net]["caffe_ms"] = caffe_ms
+            results[net]["caffe_measured"] = bool(args.caffe_bin)
         print(row, flush=True)
     if args.json:
         with open(args.json, "w") as f:
