@@ -31,7 +31,7 @@ import sys
 
 import numpy
 
-from .. import backend
+from .. import backend, kernels
 from ..errors import CaffeError
 from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
                            launcher_rank_size)
@@ -88,13 +88,15 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 
 
 def share_cores(comm):
-    """Give each rank on a host an equal share of its cores for BLAS; returns the thread count.
+    """Give each rank on a host an equal share of its cores for BLAS and the compiled kernels;
+    returns the thread count.
 
     Several ranks on one machine, each with a BLAS pool as large as the machine, oversubscribe it:
     on 2 cores, 2 LeNet ranks with 2 OpenBLAS threads each ran at 4 it/s instead of 20, the
     spinning BLAS threads starving the rank that MPI is waiting on. So the ranks sharing a host
     (an ``MPI_COMM_TYPE_SHARED`` split; collective) each take ``cores // local ranks`` threads
-    (at least 1), set through threadpoolctl. Nothing changes when the user has fixed a count with
+    (at least 1), set through threadpoolctl and :func:`caffe_engine.kernels.set_threads`.
+    Nothing changes when the user has fixed a count with
     ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` (and the like) or ``CAFFE_BLAS_THREADS``, when
     threadpoolctl is missing, or for a one-process communicator.
 
@@ -120,6 +122,7 @@ def share_cores(comm):
     threads = max(1, backend.cpu_cores() // local_size)
     # The limit holds for the process's lifetime (the object is not used as a context manager).
     threadpool_limits(limits=threads, user_api="blas")
+    kernels.set_threads(threads)
     logging.getLogger("caffe_engine").debug("%d ranks on this host: %d BLAS threads each",
                                             local_size, threads)
     return threads

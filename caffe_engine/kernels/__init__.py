@@ -23,6 +23,7 @@ The sets:
 
 ``CAFFE_ENGINE_KERNELS=reference`` (or :func:`use`) makes NumPy arrays use the reference set.
 """
+import dataclasses
 import logging
 import os
 
@@ -31,7 +32,7 @@ from ..backend import get_array_module
 logger = logging.getLogger("caffe_engine")
 
 _sets = {}
-_state = {"cpu": None}
+_state = {"cpu": None, "threads": None}
 
 
 def _numba_available():
@@ -57,10 +58,23 @@ def get(name):
             if missing is not None:
                 raise ValueError(f"the cpu kernel set needs Numba: {missing}")
             from .cpu import CpuKernels
-            _sets[name] = CpuKernels()
+            from .cpu.tuning import CpuTuning
+            tuning = CpuTuning.from_environment()
+            if _state["threads"]:
+                tuning = dataclasses.replace(tuning, threads=_state["threads"])
+            _sets[name] = CpuKernels(tuning)
         else:
             raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu)")
     return _sets[name]
+
+
+def set_threads(threads):
+    """Threads for the compiled kernels of this process (data-parallel ranks sharing a host
+    take a share of its cores); plans made after this call use them."""
+    _state["threads"] = max(1, int(threads))
+    if "cpu" in _sets:
+        cpu = _sets["cpu"]
+        cpu.tuning = dataclasses.replace(cpu.tuning, threads=_state["threads"])
 
 
 def available():

@@ -24,6 +24,8 @@ f32 = numpy.float32
 FLT_MAX = f32(numpy.finfo(f32).max)
 _max_run1, _max_run2 = simd.pool_max_run(1), simd.pool_max_run(2)
 _sum_run1, _sum_run2 = simd.pool_sum_run(1), simd.pool_sum_run(2)
+_max_window1, _max_window2 = simd.pool_window("max", 1), simd.pool_window("max", 2)
+_sum_window1, _sum_window2 = simd.pool_window("sum", 1), simd.pool_window("sum", 2)
 _fill = simd.fill
 
 
@@ -37,34 +39,63 @@ def _columns(j, pw, sw, W, OW):
     return lo, max(lo, hi), off
 
 
+@njit(cache=True, inline="always")
+def _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW):
+    """The window rows [hs, he) of output row ``oh`` and the interior outputs [lo, hi) whose
+    window columns are all inside the input."""
+    hs = oh * sh - ph
+    he = min(hs + kh, H)
+    hs = max(hs, 0)
+    lo = _columns(0, pw, sw, W, OW)[0]
+    hi = _columns(kw - 1, pw, sw, W, OW)[1]
+    return hs, he, lo, max(lo, hi)
+
+
 @njit(cache=True, parallel=True)
 def max_forward(x, y, argmax, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
-    """``y`` (planes, OH, OW) = MAX pooling of ``x`` (planes, H, W); ``argmax`` likewise."""
+    """``y`` (planes, OH, OW) = MAX pooling of ``x`` (planes, H, W); ``argmax`` likewise.
+
+    Interior outputs scan their whole window in registers (:func:`simd.pool_window`); the
+    outputs whose windows hang off the sides take one window column at a time."""
     for t in prange(threads):
         for p in range(planes * t // threads, planes * (t + 1) // threads):
             xb = p * H * W
             for oh in range(OH):
-                hs = oh * sh - ph
-                he = min(hs + kh, H)
-                hs = max(hs, 0)
+                hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
                 row = (p * OH + oh) * OW
-                _fill(y, row, OW, -FLT_MAX)
+                if ihi > ilo:
+                    first = hs * W + ilo * sw - pw
+                    if sw == 1:
+                        _max_window1(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
+                                     ihi - ilo, first)
+                    elif sw == 2:
+                        _max_window2(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
+                                     ihi - ilo, first)
                 for o in range(OW):
-                    argmax[row + o] = -1
+                    if o < ilo or o >= ihi or sw > 2:
+                        y[row + o] = -FLT_MAX
+                        argmax[row + o] = -1
                 for h in range(hs, he):
                     for j in range(kw):
                         lo, hi, off = _columns(j, pw, sw, W, OW)
-                        first = h * W + lo * sw + off
-                        if sw == 1:
-                            _max_run1(x, xb + first, y, argmax, row + lo, hi - lo, first)
-                        elif sw == 2:
-                            _max_run2(x, xb + first, y, argmax, row + lo, hi - lo, first)
-                        else:
-                            for o in range(lo, hi):
-                                v = x[xb + first + (o - lo) * sw]
-                                if v > y[row + o]:
-                                    y[row + o] = v
-                                    argmax[row + o] = first + (o - lo) * sw
+                        for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
+                            if sw > 2:
+                                a, b = lo, hi
+                            first = h * W + a * sw + off
+                            if b <= a:
+                                continue
+                            if sw == 1:
+                                _max_run1(x, xb + first, y, argmax, row + a, b - a, first)
+                            elif sw == 2:
+                                _max_run2(x, xb + first, y, argmax, row + a, b - a, first)
+                            else:
+                                for o in range(a, b):
+                                    v = x[xb + first + (o - a) * sw]
+                                    if v > y[row + o]:
+                                        y[row + o] = v
+                                        argmax[row + o] = first + (o - a) * sw
+                            if sw > 2:
+                                break
 
 
 @njit(cache=True, parallel=True)
@@ -83,27 +114,41 @@ def max_backward(dy, argmax, dx, planes, H, W, OH, OW, threads):
 
 @njit(cache=True, parallel=True)
 def ave_forward(x, y, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
-    """``y`` (planes, OH, OW) = AVE pooling of ``x``, ``divisor`` Caffe's (OH, OW) pool sizes."""
+    """``y`` (planes, OH, OW) = AVE pooling of ``x``, ``divisor`` Caffe's (OH, OW) pool sizes
+    (interior outputs summed in registers, as :func:`max_forward`)."""
     for t in prange(threads):
         for p in range(planes * t // threads, planes * (t + 1) // threads):
             xb = p * H * W
             for oh in range(OH):
-                hs = oh * sh - ph
-                he = min(hs + kh, H)
-                hs = max(hs, 0)
+                hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
                 row = (p * OH + oh) * OW
-                _fill(y, row, OW, f32(0))
+                if ihi > ilo:
+                    first = hs * W + ilo * sw - pw
+                    if sw == 1:
+                        _sum_window1(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
+                    elif sw == 2:
+                        _sum_window2(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
+                for o in range(OW):
+                    if o < ilo or o >= ihi or sw > 2:
+                        y[row + o] = 0
                 for h in range(hs, he):
                     for j in range(kw):
                         lo, hi, off = _columns(j, pw, sw, W, OW)
-                        first = h * W + lo * sw + off
-                        if sw == 1:
-                            _sum_run1(x, xb + first, y, row + lo, hi - lo)
-                        elif sw == 2:
-                            _sum_run2(x, xb + first, y, row + lo, hi - lo)
-                        else:
-                            for o in range(lo, hi):
-                                y[row + o] += x[xb + first + (o - lo) * sw]
+                        for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
+                            if sw > 2:
+                                a, b = lo, hi
+                            first = h * W + a * sw + off
+                            if b <= a:
+                                continue
+                            if sw == 1:
+                                _sum_run1(x, xb + first, y, row + a, b - a)
+                            elif sw == 2:
+                                _sum_run2(x, xb + first, y, row + a, b - a)
+                            else:
+                                for o in range(a, b):
+                                    y[row + o] += x[xb + first + (o - a) * sw]
+                            if sw > 2:
+                                break
                 for o in range(OW):
                     y[row + o] /= divisor[oh * OW + o]
 

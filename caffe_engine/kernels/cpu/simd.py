@@ -25,6 +25,7 @@ geometry guarantees them; the tests compare every caller with the NumPy referenc
 import functools
 
 import llvmlite.binding as llvm
+import numpy
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -491,4 +492,110 @@ def pool_sum_run(stride):
             return context.get_dummy_value()
         return sig, codegen
     typer.__name__ = f"pool_sum_run_{stride}"
+    return intrinsic(typer)
+
+
+@functools.lru_cache(maxsize=None)
+def pool_window(kind, stride):
+    """A whole window for a row of outputs, in registers, for outputs whose window columns all
+    lie inside the input (the interior of a row).
+
+    ``kind`` "max": ``run(x, x0, row, rows, cols, best, arg, b0, n, index0)`` sets, for
+    ``o < n``, ``best[b0 + o]`` to the first maximum (strict ``>`` from ``-FLT_MAX``, NaN never
+    wins) of ``x[x0 + r row + j + stride o]`` over ``r < rows``, ``j < cols`` scanned row-major,
+    and ``arg[b0 + o]`` (int32) to its ``index0 + r row + j + stride o`` (-1 when nothing beat
+    ``-FLT_MAX``). ``kind`` "sum": ``run(x, x0, row, rows, cols, total, b0, n)`` sets
+    ``total[b0 + o]`` to the same values' sum, added in the same order from 0. ``stride`` 1 or 2.
+    """
+    w = vector_width()
+    flt_max = float(numpy.finfo(numpy.float32).max)
+
+    def body(context, builder, px, row_, rows_, cols_, n_, emit):
+        """Loop over vector chunks of the outputs; ``emit(builder, at, count, mask, value_at)``
+        where ``value_at(r, j)`` loads the chunk's values at window cell (r, j)."""
+        wc = ir.Constant(I64, w)
+        steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
+
+        def chunk(builder, i):
+            at = builder.mul(i, wc)
+            count = builder.sub(n_, at)
+            count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+            mask = _mask(builder, count, w)
+
+            def value_at(builder, r, j, fill):
+                start = builder.add(builder.add(builder.mul(r, row_), j),
+                                    builder.mul(at, ir.Constant(I64, stride)))
+                return _strided_load(builder, px, start, count, stride, w, fill)
+            emit(builder, at, count, mask, value_at)
+        _counted_loop(builder, steps, chunk)
+
+    if kind == "max":
+        def typer(typingctx, x, x0, row, rows, cols, best, arg, b0, n, index0):
+            i64 = types.int64
+            sig = types.void(x, i64, i64, i64, i64, best, arg, i64, i64, i64)
+
+            def codegen(context, builder, signature, args):
+                x_, x0_, row_, rows_, cols_, best_, arg_, b0_, n_, index0_ = args
+                sa = signature.args
+                px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+                pb = builder.gep(_data(context, builder, sa[5], best_), [b0_])
+                pa = builder.gep(_data(context, builder, sa[6], arg_), [b0_])
+                _, mstore = _masked(builder, w)
+                _, istore = _int_masked(builder, w)
+                it = ir.VectorType(I32, w)
+                lanes = ir.Constant(it, [stride * i for i in range(w)])
+
+                def emit(builder, at, count, mask, value_at):
+                    best_v = cgutils.alloca_once_value(
+                        builder, ir.Constant(_vt(w), [-flt_max] * w))
+                    arg_v = cgutils.alloca_once_value(builder, ir.Constant(it, [-1] * w))
+                    base = builder.add(index0_, builder.mul(at, ir.Constant(I64, stride)))
+
+                    def per_row(builder, r):
+                        def per_col(builder, j):
+                            v = value_at(builder, r, j, float("-inf"))
+                            b = builder.load(best_v)
+                            gt = builder.fcmp_ordered(">", v, b)
+                            where = builder.trunc(builder.add(base, builder.add(
+                                builder.mul(r, row_), j)), I32)
+                            idx = builder.add(_splat_int(builder, where, w), lanes)
+                            builder.store(builder.select(gt, v, b), best_v)
+                            builder.store(builder.select(gt, idx, builder.load(arg_v)), arg_v)
+                        _counted_loop(builder, cols_, per_col)
+                    _counted_loop(builder, rows_, per_row)
+                    align = ir.Constant(I32, 4)
+                    builder.call(mstore, [builder.load(best_v), _vptr(builder, pb, at, w),
+                                          align, mask])
+                    builder.call(istore, [builder.load(arg_v), builder.bitcast(
+                        builder.gep(pa, [at]), it.as_pointer()), align, mask])
+                body(context, builder, px, row_, rows_, cols_, n_, emit)
+                return context.get_dummy_value()
+            return sig, codegen
+    else:
+        def typer(typingctx, x, x0, row, rows, cols, total, t0, n):
+            i64 = types.int64
+            sig = types.void(x, i64, i64, i64, i64, total, i64, i64)
+
+            def codegen(context, builder, signature, args):
+                x_, x0_, row_, rows_, cols_, tot_, t0_, n_ = args
+                sa = signature.args
+                px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+                pt = builder.gep(_data(context, builder, sa[5], tot_), [t0_])
+                _, mstore = _masked(builder, w)
+
+                def emit(builder, at, count, mask, value_at):
+                    acc = cgutils.alloca_once_value(builder, ir.Constant(_vt(w), [0.0] * w))
+
+                    def per_row(builder, r):
+                        def per_col(builder, j):
+                            v = value_at(builder, r, j, 0.0)
+                            builder.store(builder.fadd(builder.load(acc), v), acc)
+                        _counted_loop(builder, cols_, per_col)
+                    _counted_loop(builder, rows_, per_row)
+                    builder.call(mstore, [builder.load(acc), _vptr(builder, pt, at, w),
+                                          ir.Constant(I32, 4), mask])
+                body(context, builder, px, row_, rows_, cols_, n_, emit)
+                return context.get_dummy_value()
+            return sig, codegen
+    typer.__name__ = f"pool_window_{kind}_{stride}"
     return intrinsic(typer)
