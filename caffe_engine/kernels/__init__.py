@@ -9,6 +9,8 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 * ``pooling(PoolGeometry)`` -> a plan with ``forward(x, y, mask)`` and ``backward(dy, dx)``
   (MAX keeps Caffe's argmax between the two);
 * ``lrn(LRNGeometry)`` -> a plan with ``forward(x, y)`` and ``backward(x, y, dy, dx)``;
+* ``matmul(a, b, c, accumulate, trans_a, trans_b)`` (InnerProduct's products);
+* ``relu_forward(x, y, slope)`` / ``relu_backward(x, dy, dx, slope)``;
 * ``im2col(...)`` / ``col2im(...)`` (the Im2col layer's);
 * ``update(rule)`` -> the fused solver step of one learnable param for one of Caffe's six
   update rules (normalise, regularise, the rule, ``data -= diff``);

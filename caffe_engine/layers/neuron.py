@@ -13,7 +13,7 @@ in-place use of those where a gradient is needed.
 """
 import numpy
 
-from .. import fillers
+from .. import fillers, kernels
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
@@ -53,23 +53,17 @@ class ReLULayer(NeuronLayer):
     def layer_setup(self, bottom, top):
         self.negative_slope = numpy.float32(self.param.relu_param.negative_slope)
 
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        self.kernels = kernels.for_array(bottom[0].data)
+
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
-        x, y = bottom[0].data, top[0].data
-        if self.negative_slope == 0:
-            xp.maximum(x, 0, out=y)
-        else:
-            xp.copyto(y, xp.where(x > 0, x, x * self.negative_slope))
+        self.kernels.relu_forward(bottom[0].data, top[0].data, self.negative_slope)
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        xp = get_array_module(top[0].diff)
-        x, dy, dx = bottom[0].data, top[0].diff, bottom[0].diff
-        if self.negative_slope == 0:
-            xp.multiply(dy, x > 0, out=dx)
-        else:
-            xp.copyto(dx, xp.where(x > 0, dy, dy * self.negative_slope))
+        if propagate_down[0]:
+            self.kernels.relu_backward(bottom[0].data, top[0].diff, bottom[0].diff,
+                                       self.negative_slope)
 
 
 def _in_place(bottom, top):

@@ -241,3 +241,22 @@ def test_pointwise_convolution_reads_its_input_in_place_only_with_slack(slack):
     got = conv_results(plan, g, x_held, w, b, dy)
     assert_sums_close(got, want, x, w, dy)
     assert conv_plan.slack_after(x_held) == slack
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.1])
+@pytest.mark.parametrize("count", [7, (1 << 15) + 5])
+def test_relu_matches_reference_exactly(slope, count):
+    rng = numpy.random.default_rng(count)
+    x = rng.standard_normal(count).astype(f32)
+    x[:4] = [numpy.nan, -0.0, 0.0, numpy.inf]
+    dy = rng.standard_normal(count).astype(f32)
+    dy[4] = numpy.inf
+    results = []
+    for ks in (REF, CpuKernels(CpuTuning(threads=2))):
+        y = numpy.empty_like(x)
+        dx = numpy.empty_like(x)
+        ks.relu_forward(x, y, f32(slope))
+        ks.relu_backward(x, dy, dx, f32(slope))
+        results.append((y, dx))
+    for a, b in zip(*results):
+        assert a.tobytes() == b.tobytes()

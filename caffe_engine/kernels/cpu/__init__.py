@@ -1,16 +1,16 @@
 """The cpu kernel set: Numba kernels for NumPy arrays (see :mod:`caffe_engine.kernels`).
 
 2-D convolution (:mod:`.conv`, :mod:`.conv_plan`), the matrix products of InnerProduct
-(:mod:`.gemm`), pooling (:mod:`.pooling`), ACROSS_CHANNELS LRN (:mod:`.lrn`), the fused solver
-step (:mod:`.solver`) and the data transform (:mod:`.transform`), built on the SIMD intrinsics
-of :mod:`.simd`; everything else (N-D
+(:mod:`.gemm`), pooling (:mod:`.pooling`), ACROSS_CHANNELS LRN (:mod:`.lrn`), ReLU
+(:mod:`.neuron`), the fused solver step (:mod:`.solver`) and the data transform
+(:mod:`.transform`), built on the SIMD intrinsics of :mod:`.simd`; everything else (N-D
 convolution, WITHIN_CHANNEL LRN, im2col) is the reference set's. How the work is cut is one
 frozen :class:`.tuning.CpuTuning`; scratch memory is one :class:`.workspace.Workspace`.
 Kernels are compiled on first use and cached on disk (Numba's ``cache=True``), so a second
 process loads them instead of compiling.
 """
 from ..reference import ReferenceKernels
-from . import conv_plan, gemm, lrn, pooling, solver, transform
+from . import conv_plan, gemm, lrn, neuron, pooling, solver, transform
 from .tuning import CpuTuning
 from .workspace import Workspace
 
@@ -50,6 +50,16 @@ class CpuKernels(ReferenceKernels):
 
     def matmul(self, a, b, c, accumulate=False, trans_a=False, trans_b=False):
         gemm.product(a, b, c, accumulate, self.tuning, self.workspace, trans_a, trans_b)
+
+    def relu_forward(self, x, y, negative_slope):
+        if not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return super().relu_forward(x, y, negative_slope)
+        neuron.relu_forward(x, y, negative_slope, self.tuning.threads)
+
+    def relu_backward(self, x, dy, dx, negative_slope):
+        if not (x.flags.c_contiguous and dy.flags.c_contiguous and dx.flags.c_contiguous):
+            return super().relu_backward(x, dy, dx, negative_slope)
+        neuron.relu_backward(x, dy, dx, negative_slope, self.tuning.threads)
 
     def conv(self, geometry):
         if len(geometry.kernel) != 2:

@@ -4,7 +4,7 @@ What runs on CuPy arrays until the ``cuda`` set exists, what NumPy arrays fall b
 Numba, and the oracle the tests hold the compiled kernels to.
 """
 from ...backend import get_array_module
-from . import conv, lrn, pooling, solver, transform
+from . import conv, lrn, neuron, pooling, solver, transform
 
 
 class ReferenceKernels:
@@ -35,6 +35,16 @@ class ReferenceKernels:
             c += xp.matmul(a, b)
         else:
             xp.matmul(a, b, out=c)
+
+    @staticmethod
+    def relu_forward(x, y, negative_slope):
+        """``y`` = ReLU(``x``): see :func:`.neuron.relu_forward`."""
+        neuron.relu_forward(x, y, negative_slope)
+
+    @staticmethod
+    def relu_backward(x, dy, dx, negative_slope):
+        """``dx`` = the gradient of ReLU: see :func:`.neuron.relu_backward`."""
+        neuron.relu_backward(x, dy, dx, negative_slope)
 
     @staticmethod
     def im2col(x, kernel, stride, pad, dilation, out_shape):
