@@ -1,7 +1,13 @@
 """Shared test set-up.
 
-* The test helpers at this folder's root (``golden``, ``gradient_check``, ...) are importable
-  from every test folder.
+* Layout: the test folders mirror the package (``layers/``, ``kernels/``, ``solvers/``, ``io/``,
+  ``comm/``, ``net/``, ``tools/``); whole-engine tests (the CLI, training runs, the model zoo,
+  pycaffe) sit here at the root, and ``parallel/`` runs under mpiexec (``parallel/run_all.sh``).
+  No folder is a package: pytest imports every test module by its file name, so test module
+  names are unique across all folders.
+* The test helpers at this folder's root (``golden``, ``gradient_check``, ``paths``,
+  ``tiny_train``) are importable by name from every test folder; a test module never imports
+  another test module.
 * Tests may reconfigure the engine's logger (the CLI and tools call setup_logging); it is
   restored after each test so that caplog-based tests see records whatever the order.
 * ``kernel_set``: runs a test once per kernel set (:mod:`caffe_engine.kernels`): ``reference``;

@@ -82,7 +82,7 @@ def test_unknown_layer_type_names_layer_and_known_types(tmp_path):
 import re  # noqa: E402
 import signal  # noqa: E402
 
-from test_resume import caffe, tiny_solver, wait_for  # noqa: E402
+from tiny_train import caffe, tiny_solver, wait_for  # noqa: E402
 
 TRAINING = ROOT.parent / "shared" / "caffe_reference" / "training"
 

@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy
 import pytest
@@ -22,9 +21,8 @@ from caffe_engine.proto import caffe_pb2
 from caffe_engine.tools import (compute_image_mean, convert_imageset, draw_net, extract_features,
                                 parse_log, plot_training_log)
 
-from golden import SHARED
+from paths import ROOT, SHARED
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAINING = SHARED / "caffe_reference" / "training"
 LENET = SHARED / "realworld" / "HorizonRobotics-Platform__ModelZoo" / "Lenet"
 

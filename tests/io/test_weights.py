@@ -8,8 +8,8 @@ import caffe_engine as caffe
 from caffe_engine.errors import CaffeError
 from caffe_engine.io.weights import blob_from_proto, proto_shape
 from caffe_engine.proto import caffe_pb2
+from paths import SHARED
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 LENET = SHARED / "caffe_reference" / "training" / "lenet_sgd"
 
 DEPLOY = """

@@ -1,17 +1,14 @@
 """Every registered layer type is exercised: by Caffe's golden cases or by a test of its own."""
-import glob
-from pathlib import Path
-
 import golden
 from caffe_engine.layers import layer_type_list
-
-TESTS = Path(__file__).resolve().parent
+from paths import TESTS
 
 
 def test_every_registered_type_has_golden_or_own_tests():
     golden_types = {t for c in golden.manifest()["cases"] for t in c["layer_type"].split("+")}
-    own = "".join(Path(p).read_text() for p in glob.glob(str(TESTS / "test_*.py"))
-                  if not p.endswith("test_layer_coverage.py"))
+    # Every test module of every folder (tests/layers/, tests/io/, ..., tests/ itself).
+    own = "".join(p.read_text() for p in sorted(TESTS.rglob("test_*.py"))
+                  if p.name != "test_layer_coverage.py")
     missing = [t for t in layer_type_list() if t not in golden_types and f'"{t}"' not in own]
     assert not missing, f"layer types without tests: {missing}"
 

@@ -14,8 +14,8 @@ import pytest
 
 import caffe_engine as caffe
 from caffe_engine.io import prototxt as pio
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("bench_train", ROOT / "tools" / "bench_train.py")
 bench_train = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench_train)

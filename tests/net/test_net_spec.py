@@ -7,8 +7,6 @@ tops assigned to the NetSpec take their attribute names, others ``<Type><k>`` in
 models/lenet/lenet_train_test.prototxt (written by hand, Caffe's examples/mnist net) the way
 Caffe's 01-learning-lenet notebook builds LeNet.
 """
-from pathlib import Path
-
 import numpy
 import pytest
 from google.protobuf import text_format
@@ -16,9 +14,9 @@ from google.protobuf import text_format
 import caffe_engine as caffe
 from caffe_engine import net_spec
 from caffe_engine.proto import caffe_pb2
+from paths import ROOT
 
 L, P = caffe.layers, caffe.params
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def lenet_layers(n, source, batch_size, phase):

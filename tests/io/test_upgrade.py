@@ -6,7 +6,6 @@ in tests/test_model_zoo.py (test_upgrade_log_matches_caffe).
 """
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy
 import pytest
@@ -18,9 +17,8 @@ from caffe_engine.io import upgrade
 from caffe_engine.io.weights import blob_from_proto
 from caffe_engine.net import Net
 from caffe_engine.proto import caffe_pb2
+from paths import ROOT, SHARED
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 REALWORLD = SHARED / "realworld"
 TOOLS = ROOT / "tools"
 V1 = caffe_pb2.V1LayerParameter

@@ -10,7 +10,6 @@ import os
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy
 import pytest
@@ -24,9 +23,8 @@ from caffe_engine.io.blobproto import read_blobproto, write_blobproto
 from caffe_engine.io.lmdb_source import LMDBCursor, read_all, write_lmdb
 from caffe_engine.layers.base import create_layer
 from caffe_engine.proto import caffe_pb2
+from paths import ROOT, SHARED
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 MNIST = SHARED / "data" / "mnist_5k"
 CIFAR = SHARED / "data" / "synthetic_cifar"
 CIFAR_CASE = SHARED / "caffe_reference" / "training" / "cifar_transform"

@@ -1,14 +1,11 @@
 """The schema: generated module in sync with proto/caffe.proto, and Caffe's files parse."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from caffe_engine.proto import caffe_pb2
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+from paths import ROOT, SHARED
 
 
 def test_generated_module_matches_schema(tmp_path):

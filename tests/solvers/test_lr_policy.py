@@ -1,6 +1,5 @@
 """Learning-rate policies reproduce every ``lr`` BVLC Caffe printed in the training fixtures."""
 import json
-from pathlib import Path
 
 import pytest
 
@@ -9,8 +8,9 @@ from caffe_engine.io import prototxt as pio
 from caffe_engine.log import g
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.solvers.lr_policy import learning_rate
+from paths import SHARED
 
-TRAINING = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "training"
+TRAINING = SHARED / "caffe_reference" / "training"
 CASES = sorted(p.name for p in TRAINING.iterdir() if (p / "trajectory.json").exists())
 
 

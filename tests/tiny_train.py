@@ -1,0 +1,67 @@
+"""A tiny training setup shared by the resume and CLI tests: MNIST through one InnerProduct,
+written as net.prototxt + solver.prototxt, and ``caffe train`` run as a subprocess."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from caffe_engine.layers import layer_type_list
+from paths import SHARED
+
+DATA = SHARED / "data" / "mnist_5k"
+HAS_DROPOUT = "Dropout" in layer_type_list()
+
+
+def tiny_net(dropout=HAS_DROPOUT):
+    """MNIST through one InnerProduct: random crops and mirrors (the transformer's stream), an
+    optional Dropout (the global stream), and a TEST net with its own cursor."""
+    drop = ('layer { name: "drop" type: "Dropout" bottom: "ip" top: "ip" '
+            "dropout_param { dropout_ratio: 0.3 } }\n") if dropout else ""
+    return f"""name: "tiny"
+layer {{ name: "mnist" type: "Data" top: "data" top: "label" include {{ phase: TRAIN }}
+  transform_param {{ scale: 0.00390625 crop_size: 24 mirror: true }}
+  data_param {{ source: "{DATA}/mnist_train_lmdb" batch_size: 16 backend: LMDB }} }}
+layer {{ name: "mnist" type: "Data" top: "data" top: "label" include {{ phase: TEST }}
+  transform_param {{ scale: 0.00390625 crop_size: 24 }}
+  data_param {{ source: "{DATA}/mnist_test_lmdb" batch_size: 50 backend: LMDB }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  param {{ lr_mult: 1 }} param {{ lr_mult: 2 }}
+  inner_product_param {{ num_output: 10 weight_filler {{ type: "xavier" }} }} }}
+{drop}layer {{ name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
+  include {{ phase: TEST }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+"""
+
+
+HYPER = {"SGD": "momentum: 0.9", "Nesterov": "momentum: 0.9", "AdaGrad": "", "RMSProp": "rms_decay: 0.9",
+         "AdaDelta": "momentum: 0.95", "Adam": "momentum: 0.9 momentum2: 0.999"}
+
+
+def tiny_solver(folder, kind="SGD", max_iter=12, extra=""):
+    """Write net.prototxt and solver.prototxt into ``folder``; returns the solver path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "net.prototxt").write_text(tiny_net())
+    base_lr = 0.5 if kind == "AdaDelta" else 0.01
+    (folder / "solver.prototxt").write_text(
+        f'net: "net.prototxt"\ntype: "{kind}"\n{HYPER[kind]}\nbase_lr: {base_lr}\n'
+        f'lr_policy: "step"\ngamma: 0.5\nstepsize: 5\nweight_decay: 0.0005\n'
+        f"test_iter: 2\ntest_interval: 4\ndisplay: 1\naverage_loss: 3\nmax_iter: {max_iter}\n"
+        f'snapshot_prefix: "tiny"\nrandom_seed: 77\nsolver_mode: CPU\n{extra}')
+    return folder / "solver.prototxt"
+
+
+def caffe(folder, *args):
+    """``caffe train ARGS`` started in ``folder``, its log on a pipe (see :func:`wait_for`)."""
+    return subprocess.Popen([sys.executable, "-m", "caffe_engine", "train", *args], cwd=folder,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def wait_for(proc, pattern):
+    """Read the log until a line matches ``pattern``; returns the lines read."""
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    raise AssertionError("pattern not seen: " + pattern + "\n" + "".join(lines[-20:]))
