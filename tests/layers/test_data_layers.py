@@ -28,6 +28,7 @@ from caffe_engine.layers import image_data
 from caffe_engine.layers.python_layer import PythonLayerBase
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.rng import CaffeRNG, get_rng, set_random_seed
+from gradient_check import check_gradient
 
 h5py = pytest.importorskip("h5py")
 Image = pytest.importorskip("PIL.Image")
@@ -849,7 +850,6 @@ def test_python_layer_forward_backward_and_params_in_a_net(user_module):
 
 
 def test_python_layer_gradient_check(user_module):
-    from test_gradients import check_gradient
     lp = layer_param(f'name: "py" type: "Python" bottom: "x" top: "out" python_param {{ '
                      f'module: "{user_module}" layer: "ScaleBy" param_str: "{{\'k\': -2}}" }}')
     layer = create_layer(lp, TRAIN)

@@ -1,102 +1,11 @@
-"""Finite-difference gradient checks, in the manner of Caffe's GradientChecker.
-
-Caffe: include/caffe/test/test_gradient_check_util.hpp. For every element of every checked
-bottom and parameter blob, the central difference ``(f(x + h) - f(x - h)) / 2h`` with
-``h = 1e-2`` is compared with the analytic gradient from ``backward``; they must agree within
-``1e-3 * max(|analytic|, |estimate|, 1)`` (Caffe's scale rule). The layer runs in float32 as
-always; the objective is ``sum_i top_i * r_i`` with fixed random weights ``r`` (the top diffs),
-summed in float64 so that unperturbed outputs cancel exactly. Parameter diffs start at zero,
-as the checker requires.
+"""Gradient checks (``gradient_check.check_gradient``, Caffe's GradientChecker with its default
+step 1e-2 and threshold 1e-3) for Convolution, Pooling, InnerProduct, ReLU, Softmax,
+SoftmaxWithLoss and Split.
 """
 import numpy
 import pytest
-from google.protobuf import text_format
 
-from caffe_engine.blob import Blob
-from caffe_engine.layers import create_layer
-from caffe_engine.proto import caffe_pb2
-
-STEPSIZE = 1e-2
-THRESHOLD = 1e-3
-
-
-def blobs_of(values):
-    """One float32 Blob per array, holding its values (data only)."""
-    blobs = []
-    for value in values:
-        blob = Blob(value.shape)
-        blob.data[...] = value
-        blobs.append(blob)
-    return blobs
-
-
-def make_layer(text, bottom_values, seed=0):
-    """Create and set up a layer from prototxt text; params get random values."""
-    lp = text_format.Parse(text, caffe_pb2.LayerParameter())
-    layer = create_layer(lp, caffe_pb2.TRAIN)
-    bottoms = blobs_of(bottom_values)
-    tops = [Blob() for _ in lp.top]
-    layer.setup(bottoms, tops)
-    rng = numpy.random.RandomState(seed)
-    for blob in layer.blobs:
-        blob.data[...] = rng.standard_normal(blob.shape)
-    return layer, bottoms, tops
-
-
-def check_gradient(layer, bottoms, tops, check_bottoms, seed=1, kink=None, kink_range=-1.0):
-    """Assert analytic == numeric gradients for ``check_bottoms`` and every param blob."""
-    rng = numpy.random.RandomState(seed)
-    layer.reshape(bottoms, tops)
-    layer.forward(bottoms, tops)
-    weights = [rng.standard_normal(t.shape).astype(numpy.float32) for t in tops]
-
-    def objective():
-        layer.reshape(bottoms, tops)
-        layer.forward(bottoms, tops)
-        return sum(float(numpy.sum(t.data.astype(numpy.float64) * w))
-                   for t, w in zip(tops, weights))
-
-    for t, w in zip(tops, weights):
-        t.diff[...] = w
-    for blob in layer.blobs:
-        blob.diff[...] = 0
-    propagate = [i in check_bottoms for i in range(len(bottoms))]
-    layer.backward(tops, propagate, bottoms)
-    checked = [(f"bottom {i}", bottoms[i], bottoms[i].diff.copy()) for i in check_bottoms]
-    checked += [(f"param {k}", b, b.diff.copy()) for k, b in enumerate(layer.blobs)]
-
-    count = 0
-    for what, blob, analytic in checked:
-        flat = blob.data.reshape(-1)
-        for j in range(flat.size):
-            value = flat[j]
-            if kink is not None and abs(float(value) - kink) < kink_range:
-                continue
-            flat[j] = value + numpy.float32(STEPSIZE)
-            plus = objective()
-            flat[j] = value - numpy.float32(STEPSIZE)
-            minus = objective()
-            flat[j] = value
-            estimate = (plus - minus) / (2 * STEPSIZE)
-            computed = float(analytic.reshape(-1)[j])
-            scale = max(abs(computed), abs(estimate), 1.0)
-            assert abs(computed - estimate) <= THRESHOLD * scale, (
-                f"{what}[{numpy.unravel_index(j, blob.shape)}]: analytic {computed}, "
-                f"numeric {estimate}")
-            count += 1
-    assert count > 0
-    return count
-
-
-def gaussian(shape, seed=2):
-    return numpy.random.RandomState(seed).standard_normal(shape).astype(numpy.float32)
-
-
-def distinct(shape, seed=3, spacing=0.05):
-    """Values pairwise at least ``spacing`` apart (no ties survive a +-stepsize nudge)."""
-    n = int(numpy.prod(shape))
-    values = numpy.random.RandomState(seed).permutation(n) * spacing - n * spacing / 2
-    return values.reshape(shape).astype(numpy.float32)
+from gradient_check import check_gradient, distinct, gaussian, make_layer
 
 
 # -- Convolution -----------------------------------------------------------------------------
@@ -151,30 +60,8 @@ def test_pooling(name):
     layer, bottoms, tops = make_layer(
         f'name: "pool" type: "Pooling" bottom: "x" {tops} pooling_param {{ {pool} }}',
         [distinct(shape)])
-    if len(tops) > 1:
-        # The mask top is an index, not a function to differentiate: give it no weight.
-        check_gradient_ignoring_mask(layer, bottoms, tops)
-    else:
-        check_gradient(layer, bottoms, tops, [0])
-
-
-def check_gradient_ignoring_mask(layer, bottoms, tops):
-    """Check a MAX pooling layer with a mask top, treating only top 0 as the objective."""
-
-    class OneTop:
-        def __init__(self, inner):
-            self.inner, self.blobs = inner, inner.blobs
-
-        def reshape(self, b, t):
-            self.inner.reshape(b, tops)
-
-        def forward(self, b, t):
-            self.inner.forward(b, tops)
-
-        def backward(self, t, pd, b):
-            self.inner.backward(tops, pd, b)
-
-    check_gradient(OneTop(layer), bottoms, tops[:1], [0])
+    # The mask top is an index, not a function to differentiate: only top 0 is the objective.
+    check_gradient(layer, bottoms, tops, [0], top_id=0 if len(tops) > 1 else None)
 
 
 # -- InnerProduct ----------------------------------------------------------------------------

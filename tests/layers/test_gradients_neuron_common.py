@@ -1,6 +1,6 @@
 """Gradient checks and targeted tests for the neuron layers and the common data-moving layers.
 
-Finite differences in Caffe's manner (``test_gradients.check_gradient``) for every type with a
+Finite differences in Caffe's manner (``gradient_check.check_gradient``) for every type with a
 backward; direct checks for what the fixtures in ../shared/caffe_reference/layers leave open:
 in-place use, Reshape's 0 / -1 inference and its errors, ArgMax ties, Eltwise MAX ties,
 Dropout masks, the layers that share their top with a bottom or a param.
@@ -14,7 +14,7 @@ from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.rng import set_random_seed
-from test_gradients import blobs_of, check_gradient, distinct, gaussian, make_layer
+from gradient_check import blobs_of, check_gradient, distinct, gaussian, make_layer
 
 f32 = numpy.float32
 

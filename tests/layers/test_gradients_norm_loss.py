@@ -1,10 +1,10 @@
 """Gradient checks and targeted tests for LRN, BatchNorm, MVN and the loss layers.
 
-Finite differences as in tests/test_gradients.py (Caffe's GradientChecker manner), with the
+Finite differences by ``gradient_check.check_gradient`` (Caffe's GradientChecker), with the
 step size and threshold Caffe's own tests use for each layer (src/caffe/test/test_*_layer.cpp):
 LRN 1e-2 / 1e-2, BatchNorm 1e-2 / 1e-4, MVN 1e-2 / 1e-3, Euclidean, SigmoidCrossEntropy,
 Contrastive and Hinge L2 1e-2 / 1e-2, Hinge L1 1e-2 / 2e-3, MultinomialLogistic 1e-2 / 2e-2,
-Infogain 1e-4 / 2e-2. Elements near a kink are skipped, as Caffe's checker does.
+Infogain 1e-4 / 2e-2. Elements near a kink are skipped (the checker's ``kink``, ``kink_range``).
 
 Targeted tests: hand-computed LRN values, BatchNorm running statistics over two TRAIN passes then
 used in TEST, BatchNorm's lr_mult 0 bookkeeping in a Net, the stored BatchNorm statistics after
@@ -22,59 +22,9 @@ from caffe_engine.io.blobproto import write_blobproto
 from caffe_engine.layers import create_layer
 from caffe_engine.net import Net
 from caffe_engine.proto import caffe_pb2
-from test_gradients import blobs_of, gaussian, make_layer
+from gradient_check import blobs_of, check_gradient, gaussian, make_layer
 
 f32 = numpy.float32
-
-
-def check_gradient(layer, bottoms, tops, check_bottoms, stepsize, threshold, skip=None,
-                   params=True, seed=1):
-    """test_gradients.check_gradient with Caffe's per-layer step size and threshold.
-
-    Args:
-        skip: optional predicate on an element's value; True skips it (Caffe's kink range).
-        params: also check every param blob.
-    """
-    rng = numpy.random.RandomState(seed)
-    layer.reshape(bottoms, tops)
-    layer.forward(bottoms, tops)
-    weights = [rng.standard_normal(t.shape).astype(f32) for t in tops]
-
-    def objective():
-        layer.reshape(bottoms, tops)
-        layer.forward(bottoms, tops)
-        return sum(float(numpy.sum(t.data.astype(numpy.float64) * w))
-                   for t, w in zip(tops, weights))
-
-    for t, w in zip(tops, weights):
-        t.diff[...] = w
-    for blob in layer.blobs:
-        blob.diff[...] = 0
-    layer.backward(tops, [i in check_bottoms for i in range(len(bottoms))], bottoms)
-    checked = [(f"bottom {i}", bottoms[i], bottoms[i].diff.copy()) for i in check_bottoms]
-    if params:
-        checked += [(f"param {k}", b, b.diff.copy()) for k, b in enumerate(layer.blobs)]
-    count = 0
-    for what, blob, analytic in checked:
-        flat = blob.data.reshape(-1)
-        for j in range(flat.size):
-            value = flat[j]
-            if skip is not None and skip(float(value)):
-                continue
-            flat[j] = value + f32(stepsize)
-            plus = objective()
-            flat[j] = value - f32(stepsize)
-            minus = objective()
-            flat[j] = value
-            estimate = (plus - minus) / (2 * stepsize)
-            computed = float(analytic.reshape(-1)[j])
-            scale = max(abs(computed), abs(estimate), 1.0)
-            assert abs(computed - estimate) <= threshold * scale, (
-                f"{what}[{numpy.unravel_index(j, blob.shape)}]: analytic {computed}, "
-                f"numeric {estimate}")
-            count += 1
-    assert count > 0
-    return count
 
 
 def labels(shape, classes, seed=7):
@@ -307,8 +257,7 @@ def test_hinge_loss_gradient(norm, threshold):
     layer, bottoms, tops = make_layer(
         f'name: "loss" type: "HingeLoss" bottom: "x" bottom: "label" top: "loss" '
         f'hinge_loss_param {{ norm: {norm} }}', [x, labels((6,), 5)])
-    check_gradient(layer, bottoms, tops, [0], 1e-2, threshold,
-                   skip=lambda v: abs(abs(v) - 1) < 0.02)
+    check_gradient(layer, bottoms, tops, [0], 1e-2, threshold, kink=1.0, kink_range=0.02)
 
 
 @pytest.mark.parametrize("extra, shape, label_shape", [
@@ -369,7 +318,7 @@ def test_multinomial_logistic_loss_gradient():
     layer, bottoms, tops = make_layer(
         'name: "loss" type: "MultinomialLogisticLoss" bottom: "p" bottom: "label" top: "loss"',
         [p, labels((5,), 4)])
-    check_gradient(layer, bottoms, tops, [0], 1e-2, 2e-2, skip=lambda v: abs(v) < 0.05)
+    check_gradient(layer, bottoms, tops, [0], 1e-2, 2e-2, kink=0.0, kink_range=0.05)
 
 
 @pytest.mark.parametrize("extra, binary", [

@@ -1,5 +1,5 @@
-"""Gradient checks (Caffe's GradientChecker manner, see test_gradients) and a few identities for
-Deconvolution, Im2col, SPP, RNN, LSTM and LSTMUnit.
+"""Gradient checks (``gradient_check.check_gradient``, Caffe's GradientChecker) and a few
+identities for Deconvolution, Im2col, SPP, RNN, LSTM and LSTMUnit.
 
 The identities use independent references: Deconvolution is the adjoint of Convolution with
 the same weights; Im2col against a straight loop and against Convolution's GEMM; a recurrent
@@ -14,8 +14,7 @@ from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
-
-from test_gradients import blobs_of, check_gradient, distinct, gaussian, make_layer
+from gradient_check import blobs_of, check_gradient, distinct, gaussian, make_layer
 
 
 def _layer(text, values, ntop):
@@ -26,23 +25,6 @@ def _layer(text, values, ntop):
     bottoms, tops = blobs_of(values), [Blob() for _ in range(ntop)]
     layer.setup(bottoms, tops)
     return layer, bottoms, tops
-
-
-class FirstTops:
-    """A layer seen through its first ``k`` tops only (the checker's objective ignores the rest:
-    exposed final states carry no gradient in Caffe)."""
-
-    def __init__(self, inner, tops, k=1):
-        self.inner, self.tops, self.k, self.blobs = inner, tops, k, inner.blobs
-
-    def reshape(self, b, t):
-        self.inner.reshape(b, self.tops)
-
-    def forward(self, b, t):
-        self.inner.forward(b, self.tops)
-
-    def backward(self, t, pd, b):
-        self.inner.backward(self.tops, pd, b)
 
 
 # -- Deconvolution -----------------------------------------------------------------------------
@@ -251,7 +233,8 @@ def test_recurrent_gradient_exposed_hidden(kind):
     values = [gaussian((3, 2, 2), 17), numpy.ones((3, 2), numpy.float32)]
     values += [gaussian((1, 2, 3), 18 + i) for i in range(states)]
     layer, bottoms, tops = _recurrent(kind, values, "expose_hidden: true", ntop=1 + states)
-    check_gradient(FirstTops(layer, tops), bottoms, tops[:1], [0])
+    # Only the output top is the objective: exposed final states carry no gradient in Caffe.
+    check_gradient(layer, bottoms, tops, [0], top_id=0)
     layer.backward(tops, [True, False] + [True] * states, bottoms)
     for b in bottoms[2:]:
         assert not b.diff.any()

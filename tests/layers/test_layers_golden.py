@@ -15,11 +15,9 @@ from google.protobuf import text_format
 import golden
 from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
-from caffe_engine.layers import create_layer
+from caffe_engine.layers import create_layer, layer_type_list
 from caffe_engine.proto import caffe_pb2
-
-from caffe_engine.layers import layer_type_list
-from test_gradients import blobs_of
+from gradient_check import blobs_of
 
 ALL_CASES = [c for c in golden.manifest()["cases"] if c["kind"] == "layer"]
 LAYER_TYPES = {"Convolution", "Pooling", "InnerProduct", "Input", "ReLU", "Softmax",
