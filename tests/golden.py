@@ -41,6 +41,10 @@ BLAS_ULPS = 4
 # LSTM, RNN, BatchNorm and MVN sum through BLAS too but are not bilinear (sigmoid/tanh,
 # normalisation), so the absolute-value replay cannot bound them; they meet the plain tolerance.
 BLAS_LAYERS = {"Convolution", "Deconvolution", "InnerProduct", "Embed", "Scale", "Bias"}
+#: Layer types whose loops are the kernel set's (:mod:`caffe_engine.kernels`; SPP through its
+#: Pooling levels): their cases run once per kernel set (the ``kernel_set`` fixture).
+KERNEL_LAYERS = {"Convolution", "Deconvolution", "Pooling", "SPP", "Im2col", "LRN", "InnerProduct",
+                 "ReLU"}
 #: Layer type -> indices of the tops that must match exactly (None: all of them).
 EXACT_TOPS = {"Accuracy": None, "ArgMax": None, "Pooling": {1}, "Filter": None}
 

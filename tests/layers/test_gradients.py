@@ -1,6 +1,7 @@
 """Gradient checks (``gradient_check.check_gradient``, Caffe's GradientChecker with its default
 step 1e-2 and threshold 1e-3) for Convolution, Pooling, InnerProduct, ReLU, Softmax,
-SoftmaxWithLoss and Split.
+SoftmaxWithLoss and Split. The layers on the kernels (Convolution, Pooling, InnerProduct, ReLU)
+are checked on every kernel set (the ``kernel_set`` fixture).
 """
 import numpy
 import pytest
@@ -22,7 +23,7 @@ CONV_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CONV_CASES))
-def test_convolution(name):
+def test_convolution(name, kernel_set):
     conv, shape = CONV_CASES[name]
     layer, bottoms, tops = make_layer(
         f'name: "conv" type: "Convolution" bottom: "x" top: "y" '
@@ -30,7 +31,7 @@ def test_convolution(name):
     check_gradient(layer, bottoms, tops, [0])
 
 
-def test_convolution_two_bottoms_share_weights():
+def test_convolution_two_bottoms_share_weights(kernel_set):
     layer, bottoms, tops = make_layer(
         'name: "conv" type: "Convolution" bottom: "a" bottom: "b" top: "ya" top: "yb" '
         'convolution_param { num_output: 2 kernel_size: 3 pad: 1 }',
@@ -54,7 +55,7 @@ POOL_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(POOL_CASES))
-def test_pooling(name):
+def test_pooling(name, kernel_set):
     pool, shape = POOL_CASES[name]
     tops = 'top: "y" top: "mask"' if "MAX" in pool and "global" not in pool else 'top: "y"'
     layer, bottoms, tops = make_layer(
@@ -70,7 +71,7 @@ def test_pooling(name):
     ("num_output: 3 transpose: true", (3, 5)),
     ("num_output: 2 axis: 2 bias_term: false", (2, 3, 4)),
 ], ids=["basic", "transpose", "axis2_no_bias"])
-def test_inner_product(ip, shape):
+def test_inner_product(ip, shape, kernel_set):
     layer, bottoms, tops = make_layer(
         f'name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param {{ {ip} }}',
         [gaussian(shape)])
@@ -79,7 +80,7 @@ def test_inner_product(ip, shape):
 
 # -- ReLU ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("slope", [0.0, 0.1])
-def test_relu(slope):
+def test_relu(slope, kernel_set):
     x = gaussian((2, 3, 4, 4))
     x += numpy.sign(x) * 0.05  # away from the kink at 0
     layer, bottoms, tops = make_layer(

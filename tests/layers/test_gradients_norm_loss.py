@@ -6,6 +6,9 @@ LRN 1e-2 / 1e-2, BatchNorm 1e-2 / 1e-4, MVN 1e-2 / 1e-3, Euclidean, SigmoidCross
 Contrastive and Hinge L2 1e-2 / 1e-2, Hinge L1 1e-2 / 2e-3, MultinomialLogistic 1e-2 / 2e-2,
 Infogain 1e-4 / 2e-2. Elements near a kink are skipped (the checker's ``kink``, ``kink_range``).
 
+LRN runs on the kernels: its gradient checks and hand-computed values run on every kernel set
+(the ``kernel_set`` fixture).
+
 Targeted tests: hand-computed LRN values, BatchNorm running statistics over two TRAIN passes then
 used in TEST, BatchNorm's lr_mult 0 bookkeeping in a Net, the stored BatchNorm statistics after
 forward in the fixtures (``param_after``), InfogainLoss's H from a binaryproto, loss
@@ -51,13 +54,13 @@ def layer_from(text, values, phase=caffe_pb2.TRAIN):
     ("local_size: 3 alpha: 0.5 beta: 0.6 norm_region: WITHIN_CHANNEL", (2, 2, 4, 3)),
     ("local_size: 5 beta: 0.9 norm_region: WITHIN_CHANNEL", (1, 2, 5, 4)),
 ], ids=["across", "across_large_region", "within_ls3", "within_ls5"])
-def test_lrn_gradient(lrn, shape):
+def test_lrn_gradient(lrn, shape, kernel_set):
     layer, bottoms, tops = make_layer(
         f'name: "lrn" type: "LRN" bottom: "x" top: "y" lrn_param {{ {lrn} }}', [gaussian(shape)])
     check_gradient(layer, bottoms, tops, [0], 1e-2, 1e-2)
 
 
-def test_lrn_within_channel_by_hand():
+def test_lrn_within_channel_by_hand(kernel_set):
     # alpha 9 over a 3x3 window of ones, beta 1: top = 1 / (1 + number of in-image neighbours).
     # Padded cells count in the window's 3x3 divisor; k is not used WITHIN_CHANNEL.
     layer, bottoms, tops = layer_from(
@@ -73,7 +76,7 @@ def test_lrn_within_channel_by_hand():
     numpy.testing.assert_allclose(tops[0].data[0, 0], expected, rtol=1e-6)
 
 
-def test_lrn_across_channels_by_hand():
+def test_lrn_across_channels_by_hand(kernel_set):
     # Channels 1, 2, 3; alpha / local_size = 1, beta 1, k 1: scale = 1 + sum of the squares of
     # the channel and its neighbours (zero beyond the edges).
     x = numpy.array([1, 2, 3], f32).reshape(1, 3, 1, 1)

@@ -4,7 +4,8 @@ identities for Deconvolution, Im2col, SPP, RNN, LSTM and LSTMUnit.
 The identities use independent references: Deconvolution is the adjoint of Convolution with
 the same weights; Im2col against a straight loop and against Convolution's GEMM; a recurrent
 layer run over a sequence in one pass equals the same sequence cut in two passes with the
-state carried over (internally, or through ``expose_hidden``).
+state carried over (internally, or through ``expose_hidden``). Deconvolution, Im2col and SPP
+run on the kernels: their checks and identities run on every kernel set (``kernel_set``).
 """
 import numpy
 import pytest
@@ -40,7 +41,7 @@ DECONV_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(DECONV_CASES))
-def test_deconvolution(name):
+def test_deconvolution(name, kernel_set):
     conv, shape = DECONV_CASES[name]
     layer, bottoms, tops = make_layer(
         f'name: "deconv" type: "Deconvolution" bottom: "x" top: "y" '
@@ -48,7 +49,7 @@ def test_deconvolution(name):
     check_gradient(layer, bottoms, tops, [0])
 
 
-def test_deconvolution_two_bottoms_share_weights():
+def test_deconvolution_two_bottoms_share_weights(kernel_set):
     layer, bottoms, tops = make_layer(
         'name: "deconv" type: "Deconvolution" bottom: "a" bottom: "b" top: "ya" top: "yb" '
         'convolution_param { num_output: 2 kernel_size: 3 stride: 2 pad: 1 }',
@@ -60,7 +61,7 @@ def test_deconvolution_two_bottoms_share_weights():
     ("kernel_size: 3 stride: 2 pad: 1 group: 2", (2, 4, 7, 7)),
     ("kernel_h: 2 kernel_w: 3 dilation: 2 stride_h: 1 stride_w: 3", (2, 4, 6, 8)),
 ], ids=["group_stride_pad", "rect_dilation"])
-def test_deconvolution_is_the_adjoint_of_convolution(conv, shape):
+def test_deconvolution_is_the_adjoint_of_convolution(conv, shape, kernel_set):
     # <conv(x), y> == <x, deconv(y)> with the very same weight blob and no bias (for input
     # sizes the convolution covers exactly, so that deconv gives back x's shape).
     x = gaussian(shape, 6)
@@ -90,7 +91,7 @@ IM2COL_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(IM2COL_CASES))
-def test_im2col(name):
+def test_im2col(name, kernel_set):
     conv, shape = IM2COL_CASES[name]
     layer, bottoms, tops = make_layer(
         f'name: "im2col" type: "Im2col" bottom: "x" top: "y" convolution_param {{ {conv} }}',
@@ -98,7 +99,7 @@ def test_im2col(name):
     check_gradient(layer, bottoms, tops, [0])
 
 
-def test_im2col_layout_matches_a_loop_and_convolution():
+def test_im2col_layout_matches_a_loop_and_convolution(kernel_set):
     x = gaussian((2, 3, 6, 5), 9)
     kh, kw, sh, sw, ph, pw, dh, dw = 3, 2, 2, 1, 1, 0, 1, 2
     conv = (f"kernel_h: {kh} kernel_w: {kw} stride_h: {sh} stride_w: {sw} pad_h: {ph} "
@@ -138,14 +139,14 @@ def test_im2col_layout_matches_a_loop_and_convolution():
     ("pyramid_height: 2 pool: AVE", (2, 2, 5, 7)),
     ("pyramid_height: 3 pool: AVE", (1, 2, 6, 7)),
 ], ids=["max_h1", "max_h2", "max_h3", "ave_h2", "ave_h3"])
-def test_spp(spp, shape):
+def test_spp(spp, shape, kernel_set):
     layer, bottoms, tops = make_layer(
         f'name: "spp" type: "SPP" bottom: "x" top: "y" spp_param {{ {spp} }}',
         [distinct(shape)])     # values 0.05 apart: no MAX ties survive the +-0.01 nudge
     check_gradient(layer, bottoms, tops, [0])
 
 
-def test_spp_shapes_and_levels():
+def test_spp_shapes_and_levels(kernel_set):
     x = gaussian((2, 3, 7, 6), 11)
     layer, bottoms, tops = _layer('name: "s" type: "SPP" spp_param { pyramid_height: 3 }',
                                   [x], 1)

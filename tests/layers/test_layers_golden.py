@@ -1,12 +1,13 @@
 """Golden tests: the engine's layers against BVLC Caffe's outputs (../shared/caffe_reference).
 
-Every ``kind: layer`` case of the manifest is replayed by ``golden.check_case``. A case whose
-net uses a layer type the engine does not register yet is a strict expected failure, so it
-turns into an error the moment the type lands without passing. Every
+Every ``kind: layer`` case of the manifest is replayed by ``golden.check_case``; a case whose
+net has a layer on the kernels (``golden.KERNEL_LAYERS``) is replayed once per kernel set (the
+``kernel_set`` fixture; ``cpu-blocks`` cuts Convolution into the smallest chunks and blocks).
+A case whose net uses a layer type the engine does not register yet is a strict expected
+failure, so it turns into an error the moment the type lands without passing. Every
 configuration Caffe aborts on (manifest ``failures``) must raise CaffeError. A few behaviours the
-fixtures do not stress (MAX pooling ties, NaN and -inf; Accuracy ties; Convolution cut into
-chunks) are checked against straight loops written from Caffe's code, or against the fixtures
-again.
+fixtures do not stress (MAX pooling ties, NaN and -inf, on every kernel set; Accuracy ties) are
+checked against straight loops written from Caffe's code.
 """
 import numpy
 import pytest
@@ -26,13 +27,20 @@ CASES = golden.cases(LAYER_TYPES)
 FAILURES = golden.failures(LAYER_TYPES)
 
 
-def _missing_types(case):
+def _net_types(case):
     _, net = golden.load(case)
-    return sorted({lp.type for lp in net.layer} - set(layer_type_list()))
+    return {lp.type for lp in net.layer}
+
+
+NET_TYPES = {case["id"]: _net_types(case) for case in ALL_CASES}
+
+
+def _on_kernels(case):
+    return bool(NET_TYPES[case["id"]] & golden.KERNEL_LAYERS)
 
 
 def _case_param(case):
-    missing = _missing_types(case)
+    missing = sorted(NET_TYPES[case["id"]] - set(layer_type_list()))
     marks = [pytest.mark.xfail(strict=True, reason=f"layer type(s) {', '.join(missing)} "
                                "not implemented yet")] if missing else []
     return pytest.param(case, id=case["id"], marks=marks)
@@ -42,9 +50,20 @@ def test_every_lenet_type_has_cases():
     assert {c["layer_type"] for c in CASES} == LAYER_TYPES
 
 
-@pytest.mark.parametrize("case", [_case_param(c) for c in ALL_CASES])
+@pytest.mark.parametrize("case", [_case_param(c) for c in ALL_CASES if not _on_kernels(c)])
 def test_layer_matches_caffe(case):
     golden.check_case(case)
+
+
+@pytest.mark.parametrize("case", [_case_param(c) for c in ALL_CASES if _on_kernels(c)])
+def test_kernel_layer_matches_caffe(case, kernel_set):
+    golden.check_case(case)
+
+
+def test_cases_split_by_kernels():
+    on_kernels = [c for c in ALL_CASES if _on_kernels(c)]
+    assert {c["layer_type"] for c in on_kernels} == golden.KERNEL_LAYERS
+    assert 0 < len(on_kernels) < len(ALL_CASES)
 
 
 @pytest.mark.parametrize("failure", FAILURES, ids=[f["id"] for f in FAILURES])
@@ -74,7 +93,7 @@ def _caffe_max_pool(x, kernel, stride, pad, out_hw):
 @pytest.mark.parametrize("pool", ["kernel_size: 3 stride: 2 pad: 1", "kernel_size: 2 stride: 2",
                                   "kernel_h: 3 kernel_w: 2 stride_h: 1 stride_w: 2",
                                   "global_pooling: true"])
-def test_max_pooling_ties_nan_and_mask(pool):
+def test_max_pooling_ties_nan_and_mask(pool, kernel_set):
     rng = numpy.random.RandomState(11)
     x = rng.randint(-2, 3, (2, 3, 7, 6)).astype(numpy.float32)   # many ties
     x[0, 0, 1, 1] = numpy.nan
