@@ -76,7 +76,7 @@ def set_threads(threads):
     _state["threads"] = max(1, int(threads))
     if "cpu" in _sets:
         cpu = _sets["cpu"]
-        cpu.tuning = dataclasses.replace(cpu.tuning, threads=_state["threads"])
+        cpu.retune(dataclasses.replace(cpu.tuning, threads=_state["threads"]))
 
 
 def available():

@@ -7,10 +7,12 @@
 convolution, WITHIN_CHANNEL LRN, im2col) is the reference set's. How the work is cut is one
 frozen :class:`.tuning.CpuTuning`; scratch memory is one :class:`.workspace.Workspace`.
 Kernels are compiled on first use and cached on disk (Numba's ``cache=True``), so a second
-process loads them instead of compiling.
+process loads them instead of compiling. Each parallel kernel is a serial ``nogil`` function run
+in parts by a :class:`.team.Team` of threads.
 """
 from ..reference import ReferenceKernels
 from . import conv_plan, gemm, lrn, neuron, pooling, solver, transform
+from .team import Team
 from .tuning import CpuTuning
 from .workspace import Workspace
 
@@ -44,36 +46,42 @@ class CpuKernels(ReferenceKernels):
     name = "cpu"
 
     def __init__(self, tuning=None):
-        self.tuning = tuning or CpuTuning.from_environment()
         self.workspace = Workspace()
+        self.retune(tuning or CpuTuning.from_environment())
         _quiet_blas()
 
+    def retune(self, tuning):
+        """Use ``tuning`` (and a team of its ``threads``) for the plans made from now on."""
+        self.tuning = tuning
+        self.team = Team(tuning.threads)
+
     def matmul(self, a, b, c, accumulate=False, trans_a=False, trans_b=False):
-        gemm.product(a, b, c, accumulate, self.tuning, self.workspace, trans_a, trans_b)
+        gemm.product(a, b, c, accumulate, self.tuning, self.workspace, self.team, trans_a,
+                     trans_b)
 
     def relu_forward(self, x, y, negative_slope):
         if not (x.flags.c_contiguous and y.flags.c_contiguous):
             return super().relu_forward(x, y, negative_slope)
-        neuron.relu_forward(x, y, negative_slope, self.tuning.threads)
+        neuron.relu_forward(x, y, negative_slope, self.team)
 
     def relu_backward(self, x, dy, dx, negative_slope):
         if not (x.flags.c_contiguous and dy.flags.c_contiguous and dx.flags.c_contiguous):
             return super().relu_backward(x, dy, dx, negative_slope)
-        neuron.relu_backward(x, dy, dx, negative_slope, self.tuning.threads)
+        neuron.relu_backward(x, dy, dx, negative_slope, self.team)
 
     def conv(self, geometry):
         if len(geometry.kernel) != 2:
             return super().conv(geometry)
-        return conv_plan.Conv2dPlan(geometry, self.tuning, self.workspace)
+        return conv_plan.Conv2dPlan(geometry, self.tuning, self.workspace, self.team)
 
     def pooling(self, geometry):
-        return pooling.PoolPlan(geometry, self.tuning)
+        return pooling.PoolPlan(geometry, self.team)
 
     def lrn(self, geometry):
-        return lrn.LRNPlan(geometry, self.tuning)
+        return lrn.LRNPlan(geometry, self.team)
 
     def update(self, rule):
-        return solver.make_step(rule, self.tuning)
+        return solver.make_step(rule, self.team)
 
     @staticmethod
     def transform(batch, out, params, mean, scale):

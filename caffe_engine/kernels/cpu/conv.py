@@ -40,7 +40,7 @@ inside a parallel loop (a view's reference count is one cache line shared by eve
 """
 import numba
 import numpy
-from numba import njit, prange
+from numba import njit
 
 from . import simd
 
@@ -73,8 +73,8 @@ def round_up(value, step):
 # ------------------------------------------------------------------------------------------------
 # The packed layout
 # ------------------------------------------------------------------------------------------------
-@njit(cache=True, parallel=True)
-def pack(x, xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def pack(x, xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
     """``xt`` (ceil(N / NB), C, sh, sw, Hs, Ws, NB) = ``x`` (N, C, H, W) zero-padded by
     (ph, pw), split by stride phase, chunks of NB images innermost (images past N: 0).
     Threads split the (chunk, channel) planes."""
@@ -82,61 +82,59 @@ def pack(x, xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, threads):
     plane = H * W
     chunks = (N + NB - 1) // NB
     jobs = chunks * C
-    for t in prange(threads):
-        for job in range(jobs * t // threads, jobs * (t + 1) // threads):
-            nc = job // C
-            c = job - nc * C
-            for a in range(sh):
-                for b in range(sw):
-                    base = ((job * sh + a) * sw + b) * Hs * Ws * NB
-                    # columns w' with 0 <= w' sw + b - pw < W
-                    lo = min(Ws, max(0, (pw - b + sw - 1) // sw))
-                    hi = min(Ws, max(lo, (W - 1 + pw - b) // sw + 1))
-                    for r in range(Hs):
-                        h = r * sh + a - ph
-                        row = base + r * Ws * NB
-                        if h < 0 or h >= H:
-                            _fill(xt, row, Ws * NB, zero)
+    for job in range(jobs * t // threads, jobs * (t + 1) // threads):
+        nc = job // C
+        c = job - nc * C
+        for a in range(sh):
+            for b in range(sw):
+                base = ((job * sh + a) * sw + b) * Hs * Ws * NB
+                # columns w' with 0 <= w' sw + b - pw < W
+                lo = min(Ws, max(0, (pw - b + sw - 1) // sw))
+                hi = min(Ws, max(lo, (W - 1 + pw - b) // sw + 1))
+                for r in range(Hs):
+                    h = r * sh + a - ph
+                    row = base + r * Ws * NB
+                    if h < 0 or h >= H:
+                        _fill(xt, row, Ws * NB, zero)
+                        continue
+                    _fill(xt, row, lo * NB, zero)
+                    _fill(xt, row + hi * NB, (Ws - hi) * NB, zero)
+                    for i in range(NB):
+                        n = nc * NB + i
+                        dst = row + lo * NB + i
+                        if n >= N:
+                            for e in range(hi - lo):
+                                xt[numba.uint64(dst + e * NB)] = zero
                             continue
-                        _fill(xt, row, lo * NB, zero)
-                        _fill(xt, row + hi * NB, (Ws - hi) * NB, zero)
-                        for i in range(NB):
-                            n = nc * NB + i
-                            dst = row + lo * NB + i
-                            if n >= N:
-                                for e in range(hi - lo):
-                                    xt[numba.uint64(dst + e * NB)] = zero
-                                continue
-                            src = (n * C + c) * plane + h * W + lo * sw + b - pw
-                            if NB == 1 and sw == 1:
-                                _copy(xt, dst, x, src, hi - lo)
-                            else:
-                                for e in range(hi - lo):
-                                    xt[numba.uint64(dst + e * NB)] = x[numba.uint64(src + e * sw)]
+                        src = (n * C + c) * plane + h * W + lo * sw + b - pw
+                        if NB == 1 and sw == 1:
+                            _copy(xt, dst, x, src, hi - lo)
+                        else:
+                            for e in range(hi - lo):
+                                xt[numba.uint64(dst + e * NB)] = x[numba.uint64(src + e * sw)]
 
 
-@njit(cache=True, parallel=True)
-def unpack(xt, x, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def unpack(xt, x, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
     """The inverse of :func:`pack`: ``x`` (N, C, H, W) = the interior of ``xt``."""
     plane = H * W
     chunks = (N + NB - 1) // NB
     jobs = chunks * C
-    for t in prange(threads):
-        for job in range(jobs * t // threads, jobs * (t + 1) // threads):
-            nc = job // C
-            c = job - nc * C
-            for h in range(H):
-                a = (h + ph) % sh
-                r = (h + ph) // sh
-                for i in range(min(NB, N - nc * NB)):
-                    dst = ((nc * NB + i) * C + c) * plane + h * W
-                    if NB == 1 and sw == 1:
-                        _copy(x, dst, xt, ((job * sh + a) * Hs + r) * Ws + pw, W)
-                        continue
-                    for w in range(W):
-                        b = (w + pw) % sw
-                        src = ((((job * sh + a) * sw + b) * Hs + r) * Ws + (w + pw) // sw) * NB
-                        x[numba.uint64(dst + w)] = xt[numba.uint64(src + i)]
+    for job in range(jobs * t // threads, jobs * (t + 1) // threads):
+        nc = job // C
+        c = job - nc * C
+        for h in range(H):
+            a = (h + ph) % sh
+            r = (h + ph) // sh
+            for i in range(min(NB, N - nc * NB)):
+                dst = ((nc * NB + i) * C + c) * plane + h * W
+                if NB == 1 and sw == 1:
+                    _copy(x, dst, xt, ((job * sh + a) * Hs + r) * Ws + pw, W)
+                    continue
+                for w in range(W):
+                    b = (w + pw) % sw
+                    src = ((((job * sh + a) * sw + b) * Hs + r) * Ws + (w + pw) // sw) * NB
+                    x[numba.uint64(dst + w)] = xt[numba.uint64(src + i)]
 
 
 def pack_panels(a, out):
@@ -241,7 +239,7 @@ def flip_pays(geometry):
     return inside <= 1.25 * outside
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy")
 def _row_spans(s, length, row_wide, row_valid):
     """The rows a block of wide positions ``[s, s + length)`` covers, as (row, first within-row
     position, end within-row position, that first position's place in the block), the
@@ -268,15 +266,16 @@ def forward_scratch(M, G, lengths, skew):
     return round_up(M // G, MR) * (round_up(int(lengths.max()), NR) + skew)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg,
-            chunks, starts, lengths, kc, skew, threads, ws, ws_stride):
+            chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
     """``y`` (N, M, OH, OW) = conv(x, W) (+ bias), from ``xt`` (:func:`pack` of x, then slack)
     and ``offs`` (:func:`offsets`, at least Kg entries).
 
     ``wp``: the weights packed by :func:`pack_panels` as (G, Mgpad / MR, Kg, MR),
     ``Mgpad = round_up(M / G, MR)``; ``chunks``/``starts``/``lengths``: :func:`plan_blocks`.
-    Thread ``t`` takes blocks ``t, t + threads, ...`` and its own ``ws_stride`` floats of ``ws``.
+    Part ``t`` of ``threads`` takes blocks ``t, t + threads, ...`` and its own ``ws_stride``
+    floats of ``ws``.
     """
     Mg = M // G
     Cg = C // G
@@ -284,41 +283,40 @@ def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw,
     group_size = Cg * sh * sw * Hs * Ws * NB
     row_wide = Ws * NB
     plane = OH * OW
-    for t in prange(threads):
-        out = t * ws_stride
-        for blk in range(t, starts.shape[0], threads):
-            nc = chunks[blk]
-            s = starts[blk]
-            length = lengths[blk]
-            npad = (length + NR - 1) // NR * NR
-            ld = npad + skew
-            for g in range(G):
-                base = (nc * G + g) * group_size + s
-                for k0 in range(0, Kg, kc):
-                    k1 = min(Kg, k0 + kc)
-                    for j0 in range(0, npad, NR):
-                        for m0 in range(0, mgpad, MR):
-                            _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
-                                           0, xt, base + j0, 0, offs, k0,
-                                           ws, out + m0 * ld + j0, ld, k1 - k0, k0 > 0)
-                # out[m, q - s] -> y[n, g Mg + m, oh, ow], dropping ow >= OW, image by image
-                # (each image's run of y written in order)
-                for oh, lo, hi, e0 in _row_spans(s, length, row_wide, OW * NB):
-                    for i in range(min(NB, N - nc * NB)):
-                        n = nc * NB + i
-                        ow_lo = max(0, (lo - i + NB - 1) // NB)
-                        ow_hi = (hi - i + NB - 1) // NB
-                        src0 = out + e0 + ow_lo * NB + i - lo
-                        for m in range(Mg):
-                            mm = g * Mg + m
-                            b = bias[mm] if has_bias else f32(0)
-                            dst = (n * M + mm) * plane + oh * OW + ow_lo
-                            src = src0 + m * ld
-                            if NB == 1:
-                                _copy_plus(y, dst, ws, src, ow_hi - ow_lo, b)
-                                continue
-                            for e in range(ow_hi - ow_lo):
-                                y[numba.uint64(dst + e)] = ws[numba.uint64(src + e * NB)] + b
+    out = t * ws_stride
+    for blk in range(t, starts.shape[0], threads):
+        nc = chunks[blk]
+        s = starts[blk]
+        length = lengths[blk]
+        npad = (length + NR - 1) // NR * NR
+        ld = npad + skew
+        for g in range(G):
+            base = (nc * G + g) * group_size + s
+            for k0 in range(0, Kg, kc):
+                k1 = min(Kg, k0 + kc)
+                for j0 in range(0, npad, NR):
+                    for m0 in range(0, mgpad, MR):
+                        _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
+                                       0, xt, base + j0, 0, offs, k0,
+                                       ws, out + m0 * ld + j0, ld, k1 - k0, k0 > 0)
+            # out[m, q - s] -> y[n, g Mg + m, oh, ow], dropping ow >= OW, image by image
+            # (each image's run of y written in order)
+            for oh, lo, hi, e0 in _row_spans(s, length, row_wide, OW * NB):
+                for i in range(min(NB, N - nc * NB)):
+                    n = nc * NB + i
+                    ow_lo = max(0, (lo - i + NB - 1) // NB)
+                    ow_hi = (hi - i + NB - 1) // NB
+                    src0 = out + e0 + ow_lo * NB + i - lo
+                    for m in range(Mg):
+                        mm = g * Mg + m
+                        b = bias[mm] if has_bias else f32(0)
+                        dst = (n * M + mm) * plane + oh * OW + ow_lo
+                        src = src0 + m * ld
+                        if NB == 1:
+                            _copy_plus(y, dst, ws, src, ow_hi - ow_lo, b)
+                            continue
+                        for e in range(ow_hi - ow_lo):
+                            y[numba.uint64(dst + e)] = ws[numba.uint64(src + e * NB)] + b
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,16 +336,15 @@ def weight_grad_scratch(C, M, G, kh, kw, lengths):
     return G * round_up(C // G * kh * kw, mr) * mgv + int(lengths.max()) * mgv
 
 
-@njit(cache=True, parallel=True)
-def weight_grad(xt, offs, dy, dw_acc, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow,
-                chunks, starts, lengths, threads, ws, ws_stride):
-    """``dw_acc`` (M, Kg) += the weight gradient of the batch, from ``xt``/``offs`` as in
-    :func:`forward` (``offs`` padded with zeros to ``Kgpad`` entries) and the top diff ``dy``
-    (N, M, OH, OW).
+@njit(cache=True, nogil=True, error_model="numpy")
+def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow,
+                chunks, starts, lengths, ws, ws_stride, t, threads):
+    """The weight gradient of the batch, from ``xt``/``offs`` as in :func:`forward` (``offs``
+    padded with zeros to ``Kgpad`` entries) and the top diff ``dy`` (N, M, OH, OW).
 
-    Thread ``t`` sums its blocks into its own ``dW^T`` (G, Kgpad, Mgv) at the start of its
-    scratch area, with the tile of :func:`weight_grad_tile` (``narrow``); the partial sums are
-    then added to ``dw_acc`` in thread order.
+    Part ``t`` of ``threads`` sums its blocks into its own ``dW^T`` (G, Kgpad, Mgv) at the
+    start of its scratch area, with the tile of :func:`weight_grad_tile` (``narrow``);
+    :func:`weight_grad_sum` then adds the parts to ``dw_acc`` in part order.
     """
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
@@ -359,41 +356,50 @@ def weight_grad(xt, offs, dy, dw_acc, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg
     group_size = Cg * sh * sw * Hs * Ws * NB
     row_wide = Ws * NB
     zero = f32(0)
-    for t in prange(threads):
-        acc = t * ws_stride
-        dyt = acc + part
-        _fill(ws, acc, part, zero)
-        for blk in range(t, starts.shape[0], threads):
-            nc = chunks[blk]
-            s = starts[blk]
-            length = lengths[blk]
-            for g in range(G):
-                # dy^T of the block: dyt[q - s, m], 0 at the dropped positions and past N;
-                # read image by image, each image's run of dy in order
-                if length > OW * NB or nc * NB + NB > N:
-                    _fill(ws, dyt, length * mgv, zero)
-                for oh, lo, hi, e0 in _row_spans(s, length, row_wide, OW * NB):
-                    for i in range(min(NB, N - nc * NB)):
-                        n = nc * NB + i
-                        ow_lo = max(0, (lo - i + NB - 1) // NB)
-                        ow_hi = (hi - i + NB - 1) // NB
-                        row0 = dyt + (e0 + ow_lo * NB + i - lo) * mgv
-                        for m in range(Mg):
-                            src = ((n * M + g * Mg + m) * OH + oh) * OW
-                            row = row0 + m
-                            for ow in range(ow_lo, ow_hi):
-                                ws[numba.uint64(row)] = dy[numba.uint64(src + ow)]
-                                row += NB * mgv
-                base = (nc * G + g) * group_size + s
-                for k0 in range(0, kgpad, mr):
-                    for m0 in range(0, mgv, nr):
-                        c0 = acc + (g * kgpad + k0) * mgv + m0
-                        if narrow:
-                            _mk_a_indirect_narrow(xt, base, 0, offs, k0, ws, dyt + m0, mgv,
-                                                  _NO_INDEX, 0, ws, c0, mgv, length, True)
-                        else:
-                            _mk_a_indirect(xt, base, 0, offs, k0, ws, dyt + m0, mgv, _NO_INDEX,
-                                           0, ws, c0, mgv, length, True)
+    acc = t * ws_stride
+    dyt = acc + part
+    _fill(ws, acc, part, zero)
+    for blk in range(t, starts.shape[0], threads):
+        nc = chunks[blk]
+        s = starts[blk]
+        length = lengths[blk]
+        for g in range(G):
+            # dy^T of the block: dyt[q - s, m], 0 at the dropped positions and past N;
+            # read image by image, each image's run of dy in order
+            if length > OW * NB or nc * NB + NB > N:
+                _fill(ws, dyt, length * mgv, zero)
+            for oh, lo, hi, e0 in _row_spans(s, length, row_wide, OW * NB):
+                for i in range(min(NB, N - nc * NB)):
+                    n = nc * NB + i
+                    ow_lo = max(0, (lo - i + NB - 1) // NB)
+                    ow_hi = (hi - i + NB - 1) // NB
+                    row0 = dyt + (e0 + ow_lo * NB + i - lo) * mgv
+                    for m in range(Mg):
+                        src = ((n * M + g * Mg + m) * OH + oh) * OW
+                        row = row0 + m
+                        for ow in range(ow_lo, ow_hi):
+                            ws[numba.uint64(row)] = dy[numba.uint64(src + ow)]
+                            row += NB * mgv
+            base = (nc * G + g) * group_size + s
+            for k0 in range(0, kgpad, mr):
+                for m0 in range(0, mgv, nr):
+                    c0 = acc + (g * kgpad + k0) * mgv + m0
+                    if narrow:
+                        _mk_a_indirect_narrow(xt, base, 0, offs, k0, ws, dyt + m0, mgv,
+                                              _NO_INDEX, 0, ws, c0, mgv, length, True)
+                    else:
+                        _mk_a_indirect(xt, base, 0, offs, k0, ws, dyt + m0, mgv, _NO_INDEX,
+                                       0, ws, c0, mgv, length, True)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def weight_grad_sum(dw_acc, M, G, Kg, narrow, threads, ws, ws_stride):
+    """``dw_acc`` (M, Kg) += the parts of :func:`weight_grad`, in part order."""
+    mr = MR_NARROW if narrow else MR
+    nr = NR_NARROW if narrow else NR
+    Mg = M // G
+    kgpad = (Kg + mr - 1) // mr * mr
+    mgv = (Mg + nr - 1) // nr * nr
     for t in range(threads):
         acc = t * ws_stride
         for g in range(G):
@@ -403,16 +409,15 @@ def weight_grad(xt, offs, dy, dw_acc, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg
                     dw_acc[row + k] += ws[acc + (g * kgpad + k) * mgv + m]
 
 
-@njit(cache=True, parallel=True)
-def bias_grad(dy, db, N, M, P, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def bias_grad(dy, db, N, M, P, t, threads):
     """``db`` (M,) += the sum of ``dy`` (N, M, P) over images and positions: per channel, the
     images' position sums (each in :func:`simd.total`'s order) in image order."""
-    for t in prange(threads):
-        for m in range(M * t // threads, M * (t + 1) // threads):
-            s = f32(0)
-            for n in range(N):
-                s += _total(dy, (n * M + m) * P, P)
-            db[m] += s
+    for m in range(M * t // threads, M * (t + 1) // threads):
+        s = f32(0)
+        for n in range(N):
+            s += _total(dy, (n * M + m) * P, P)
+        db[m] += s
 
 
 # ------------------------------------------------------------------------------------------------
@@ -423,9 +428,9 @@ def col2im_scratch(lengths, kc, skew):
     return round_up(kc, MR) * (round_up(int(lengths.max()), NR) + skew)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def backward_data_col2im(dyt, offs, wtp, dxt, N, C, M, G, OH, Hs, Ws, sh, sw, NB, Kg, kh, kw,
-                         chunks, starts, lengths, kc, skew, threads, ws, ws_stride):
+                         chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
     """``dxt``, the input gradient in the layout of :func:`pack`, = col2im(W^T dy); overwritten
     (the caller unpacks it with :func:`unpack`).
 
@@ -443,35 +448,34 @@ def backward_data_col2im(dyt, offs, wtp, dxt, N, C, M, G, OH, Hs, Ws, sh, sw, NB
     channel_size = sh * sw * Hs * Ws * NB
     top_channel = OH * Ws * NB
     n_chunks = (N + NB - 1) // NB
-    for t in prange(threads):
-        dcol = t * ws_stride
-        c_lo = C * t // threads
-        c_hi = C * (t + 1) // threads
-        for nc in range(n_chunks):
-            _fill(dxt, (nc * C + c_lo) * channel_size, (c_hi - c_lo) * channel_size, f32(0))
-        c = c_lo
-        while c < c_hi:
-            g = c // Cg
-            # the rows of channels c .. c_end - 1 (one group), at most kc (or one channel's)
-            c_end = min(c_hi, (g + 1) * Cg, c + max(1, kc // khw))
-            k0 = (c - g * Cg) * khw
-            k1 = (c_end - g * Cg) * khw
-            for blk in range(starts.shape[0]):
-                nc = chunks[blk]
-                s = starts[blk]
-                length = lengths[blk]
-                npad = (length + NR - 1) // NR * NR
-                ld = npad + skew
-                top = (nc * M + g * Mg) * top_channel + s
-                for kk in range(k0, k1, kc):
-                    kk1 = min(k1, kk + kc)
-                    kpad = (kk1 - kk + MR - 1) // MR * MR
-                    for j0 in range(0, npad, NR):
-                        for r0 in range(0, kpad, MR):
-                            _mk(wtp, (g * kgpad + kk + r0) * Mg, Mg, _NO_INDEX, 0,
-                                dyt, top + j0, top_channel, _NO_INDEX, 0,
-                                ws, dcol + r0 * ld + j0, ld, Mg, False)
-                    for k in range(kk, kk1):
-                        _add_into(dxt, (nc * C + g * Cg) * channel_size + s + offs[k], ws,
-                                  dcol + (k - kk) * ld, length)
-            c = c_end
+    dcol = t * ws_stride
+    c_lo = C * t // threads
+    c_hi = C * (t + 1) // threads
+    for nc in range(n_chunks):
+        _fill(dxt, (nc * C + c_lo) * channel_size, (c_hi - c_lo) * channel_size, f32(0))
+    c = c_lo
+    while c < c_hi:
+        g = c // Cg
+        # the rows of channels c .. c_end - 1 (one group), at most kc (or one channel's)
+        c_end = min(c_hi, (g + 1) * Cg, c + max(1, kc // khw))
+        k0 = (c - g * Cg) * khw
+        k1 = (c_end - g * Cg) * khw
+        for blk in range(starts.shape[0]):
+            nc = chunks[blk]
+            s = starts[blk]
+            length = lengths[blk]
+            npad = (length + NR - 1) // NR * NR
+            ld = npad + skew
+            top = (nc * M + g * Mg) * top_channel + s
+            for kk in range(k0, k1, kc):
+                kk1 = min(k1, kk + kc)
+                kpad = (kk1 - kk + MR - 1) // MR * MR
+                for j0 in range(0, npad, NR):
+                    for r0 in range(0, kpad, MR):
+                        _mk(wtp, (g * kgpad + kk + r0) * Mg, Mg, _NO_INDEX, 0,
+                            dyt, top + j0, top_channel, _NO_INDEX, 0,
+                            ws, dcol + r0 * ld + j0, ld, Mg, False)
+                for k in range(kk, kk1):
+                    _add_into(dxt, (nc * C + g * Cg) * channel_size + s + offs[k], ws,
+                              dcol + (k - kk) * ld, length)
+        c = c_end

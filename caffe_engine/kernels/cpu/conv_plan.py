@@ -36,11 +36,12 @@ class Conv2dPlan:
     rule); ``forward`` and ``backward_data`` overwrite.
     """
 
-    def __init__(self, geometry, tuning, workspace):
+    def __init__(self, geometry, tuning, workspace, team):
         g = self.geometry = geometry
         self.tuning = tuning
         self.workspace = workspace
-        self.threads = tuning.threads
+        self.team = team
+        self.threads = team.threads
         self.skew = tuning.skew
         self.kc = round_up(tuning.kc, MR)
         self.N, self.C, self.M, self.G = g.num, g.channels, g.num_output, g.group
@@ -87,8 +88,8 @@ class Conv2dPlan:
         size = -(-self.N // nb) * channels * sh * sw * hs * ws * nb
         slack = (NR + ws) * nb + READ_PAST
         xt = self.workspace.get(slot, size + slack)
-        conv.pack(x.reshape(-1), xt, self.N, channels, h, w, ph, pw, sh, sw, hs, ws, nb,
-                  self.threads)
+        self.team.run(conv.pack, x.reshape(-1), xt, self.N, channels, h, w, ph, pw, sh, sw, hs,
+                      ws, nb)
         xt[size:size + slack] = 0
         return xt
 
@@ -114,10 +115,10 @@ class Conv2dPlan:
         xt = self._input(x)
         ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
                                                         self.skew))
-        conv.forward(xt, self.offs, wp, bias if bias is not None else wp, bias is not None,
-                     y.reshape(-1), self.N, self.C, self.M, self.G, self.OH, self.OW, self.Hs,
-                     self.Ws, self.sh, self.sw, self.NB, self.Kg, *self.blocks, self.kc,
-                     self.skew, self.threads, ws, stride)
+        self.team.run(conv.forward, xt, self.offs, wp, bias if bias is not None else wp,
+                      bias is not None, y.reshape(-1), self.N, self.C, self.M, self.G, self.OH,
+                      self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg,
+                      *self.blocks, self.kc, self.skew, ws, stride)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
@@ -131,10 +132,10 @@ class Conv2dPlan:
                              self.fHs, self.fWs, self.fNB)
             ws, stride = self._scratch(conv.forward_scratch(self.C, G, self.flip_blocks[2],
                                                             self.skew))
-            conv.forward(dyt, self.flip_offs, wp, wp, False, dx.reshape(-1), self.N, self.M,
-                         self.C, G, self.H, self.W, self.fHs, self.fWs, 1, 1, self.fNB,
-                         Mg * kh * kw, *self.flip_blocks, self.kc, self.skew, self.threads,
-                         ws, stride)
+            self.team.run(conv.forward, dyt, self.flip_offs, wp, wp, False, dx.reshape(-1),
+                          self.N, self.M, self.C, G, self.H, self.W, self.fHs, self.fWs, 1, 1,
+                          self.fNB, Mg * kh * kw, *self.flip_blocks, self.kc, self.skew, ws,
+                          stride)
             return
         wt = w.reshape(G, Mg, self.Kg).transpose(0, 2, 1)
         kgpad = round_up(self.Kg, MR)
@@ -148,21 +149,23 @@ class Conv2dPlan:
                 * self.NB)
         dxt = self.workspace.get("conv_grad", size + (NR + self.Ws) * self.NB + NR)
         ws, stride = self._scratch(conv.col2im_scratch(self.blocks[2], self.kc, self.skew))
-        conv.backward_data_col2im(dyt, self.offs, wtp, dxt, self.N, self.C, self.M, G, self.OH,
-                                  self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg, kh, kw,
-                                  *self.blocks, self.kc, self.skew, self.threads, ws, stride)
-        conv.unpack(dxt, dx.reshape(-1), self.N, self.C, self.H, self.W, self.ph, self.pw,
-                    self.sh, self.sw, self.Hs, self.Ws, self.NB, self.threads)
+        self.team.run(conv.backward_data_col2im, dyt, self.offs, wtp, dxt, self.N, self.C,
+                      self.M, G, self.OH, self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg,
+                      kh, kw, *self.blocks, self.kc, self.skew, ws, stride)
+        self.team.run(conv.unpack, dxt, dx.reshape(-1), self.N, self.C, self.H, self.W,
+                      self.ph, self.pw, self.sh, self.sw, self.Hs, self.Ws, self.NB)
 
     def weight_grad(self, x, dy, dw):
         """``dw +=`` the gradient with respect to the weights."""
         xt = self._input(x)
         ws, stride = self._scratch(conv.weight_grad_scratch(self.C, self.M, self.G, self.kh,
                                                             self.kw, self.blocks[2]))
-        conv.weight_grad(xt, self.offs, dy.reshape(-1), dw.reshape(-1), self.N, self.C, self.M,
-                         self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
-                         self.Kg, self.wg_narrow, *self.blocks, self.threads, ws, stride)
+        self.team.run(conv.weight_grad, xt, self.offs, dy.reshape(-1), self.N, self.C, self.M,
+                      self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
+                      self.Kg, self.wg_narrow, *self.blocks, ws, stride)
+        conv.weight_grad_sum(dw.reshape(-1), self.M, self.G, self.Kg, self.wg_narrow,
+                             self.threads, ws, stride)
 
     def bias_grad(self, dy, db):
         """``db += dy`` summed over images and positions."""
-        conv.bias_grad(dy.reshape(-1), db, self.N, self.M, self.OH * self.OW, self.threads)
+        self.team.run(conv.bias_grad, dy.reshape(-1), db, self.N, self.M, self.OH * self.OW)

@@ -1,10 +1,11 @@
 """A packed single-precision GEMM on the CPU in Numba (the InnerProduct layer's products).
 
 ``C (m x n) = A (m x k) B (k x n)`` (or ``C +=``), each operand and C addressed through two
-strides, so any of them may be transposed. The standard blocking: B is packed ``kc`` rows at a
-time into panels of NR columns (threads split the panels), then each thread takes row tiles of
-MR rows of C, packs that tile's rows of A once and runs the register-tiled micro-kernel of
-:mod:`.simd` over every panel. Tiles at the edges of C, and every tile of a transposed C, go
+strides, so any of them may be transposed. The standard blocking: each part of the product (a
+range of C's column panels, or of its row tiles when there are more of those) packs its panels
+of B ``kc`` rows at a time (NR columns each), then for each row tile of MR rows packs that
+tile's rows of A once and runs the register-tiled micro-kernel of :mod:`.simd` over its
+panels. Tiles at the edges of C, and every tile of a transposed C, go
 through a small buffer; whole tiles of a row-major A are read in place. :func:`product` picks,
 for ``c = op(a) op(b)``, whether to compute C or its transpose (into scratch memory), so that
 fewer floats are packed from strided reads.
@@ -16,7 +17,7 @@ term); for a given ``kc`` the result does not depend on the thread count.
 """
 import numba
 import numpy
-from numba import njit, prange
+from numba import njit
 
 from . import simd
 from .conv import MR, NR, round_up
@@ -26,84 +27,93 @@ _mk_packed = simd.microkernel(MR, NR // simd.vector_width(), a_packed=True)
 _mk_rows = simd.microkernel(MR, NR // simd.vector_width())
 _copy, _fill = simd.copy, simd.fill
 _NO_INDEX = numpy.zeros(1, numpy.int64)
+#: Products of fewer floating-point operations run on the caller's thread alone.
+PARALLEL_FLOPS = 1 << 20
 
 
-@njit(cache=True, parallel=True)
-def gemm(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, threads, ws,
-         ws_stride):
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, ws, ws_stride, t,
+         parts):
     """``c[i ldc + j] (+)= sum_t A[i, t] B[t, j]`` for ``i < m``, ``j < n``, where
-    ``A[i, t] = a[i a_row + t a_col]`` and ``B[t, j] = b[t b_row + j b_col]``.
+    ``A[i, t] = a[i a_row + t a_col]`` and ``B[t, j] = b[t b_row + j b_col]``: part ``t`` of
+    ``parts`` (the longer of C's row tiles and column panels split between the parts).
 
-    ``ws``: a shared area of ``kc * round_up(n, NR)`` floats (the packed panels of B) followed
-    by ``threads`` areas of ``ws_stride`` floats (:func:`scratch`): a packed tile of A and an
-    edge tile of C.
+    ``ws``: ``parts`` areas of ``ws_stride`` floats (:func:`scratch`): the part's packed panels
+    of B, a packed tile of A and an edge tile of C.
     """
     u = numba.uint64
-    panels = (n + NR - 1) // NR
-    packed_b = kc * panels * NR
-    tiles = (m + MR - 1) // MR
     zero = f32(0)
+    panels = (n + NR - 1) // NR
+    tiles = (m + MR - 1) // MR
+    p_lo, p_hi, i_lo, i_hi = 0, panels, 0, tiles
+    if panels >= tiles:
+        p_lo, p_hi = panels * t // parts, panels * (t + 1) // parts
+    else:
+        i_lo, i_hi = tiles * t // parts, tiles * (t + 1) // parts
+    own = t * ws_stride
+    ap = own + kc * (p_hi - p_lo) * NR
+    edge = ap + kc * MR
     for k0 in range(0, k, kc):
         kl = min(kc, k - k0)
         acc = accumulate or k0 > 0
-        for t in prange(threads):
-            for p in range(panels * t // threads, panels * (t + 1) // threads):
-                base = p * kc * NR
-                cols = min(NR, n - p * NR)
-                if b_col == 1:
-                    for r in range(kl):
-                        _copy(ws, base + r * NR, b, (k0 + r) * b_row + p * NR, cols)
-                        _fill(ws, base + r * NR + cols, NR - cols, zero)
+        for p in range(p_lo, p_hi):
+            base = own + (p - p_lo) * kc * NR
+            cols = min(NR, n - p * NR)
+            if b_col == 1:
+                for r in range(kl):
+                    _copy(ws, base + r * NR, b, (k0 + r) * b_row + p * NR, cols)
+                    _fill(ws, base + r * NR + cols, NR - cols, zero)
+            else:
+                for jj in range(NR):
+                    j = p * NR + jj
+                    src = u((k0 * b_row + j * b_col) if jj < cols else 0)
+                    for r in range(u(kl)):
+                        ws[u(base) + r * u(NR) + u(jj)] = (b[src + r * u(b_row)] if jj < cols
+                                                          else zero)
+        for tile in range(i_lo, i_hi):
+            i0 = tile * MR
+            rows = min(MR, m - i0)
+            # A's rows are read in place when they are contiguous and the tile is whole, else
+            # packed (transposed A, or the last rows)
+            in_place = a_col == 1 and rows == MR
+            if not in_place:
+                for ii in range(MR):
+                    src = u(((i0 + ii) * a_row + k0 * a_col) if ii < rows else 0)
+                    for r in range(u(kl)):
+                        ws[u(ap) + r * u(MR) + u(ii)] = (a[src + r * u(a_col)]
+                                                        if ii < rows else zero)
+            for p in range(p_lo, p_hi):
+                j0 = p * NR
+                cols = min(NR, n - j0)
+                whole = rows == MR and cols == NR
+                panel = own + (p - p_lo) * kc * NR
+                dst, d0, ldd = (c, i0 * ldc + j0, ldc) if whole else (ws, edge, NR)
+                if in_place:
+                    _mk_rows(a, i0 * a_row + k0, a_row, _NO_INDEX, 0, ws, panel, NR,
+                             _NO_INDEX, 0, dst, d0, ldd, kl, acc and whole)
                 else:
-                    for jj in range(NR):
-                        j = p * NR + jj
-                        src = u((k0 * b_row + j * b_col) if jj < cols else 0)
-                        for r in range(u(kl)):
-                            ws[u(base) + r * u(NR) + u(jj)] = (b[src + r * u(b_row)] if jj < cols
-                                                              else zero)
-        for t in prange(threads):
-            ap = packed_b + t * ws_stride
-            edge = ap + kc * MR
-            for tile in range(t, tiles, threads):
-                i0 = tile * MR
-                rows = min(MR, m - i0)
-                # A's rows are read in place when they are contiguous and the tile is whole,
-                # else packed (transposed A, or the last rows)
-                in_place = a_col == 1 and rows == MR
-                if not in_place:
-                    for ii in range(MR):
-                        src = u(((i0 + ii) * a_row + k0 * a_col) if ii < rows else 0)
-                        for r in range(u(kl)):
-                            ws[u(ap) + r * u(MR) + u(ii)] = (a[src + r * u(a_col)]
-                                                            if ii < rows else zero)
-                for p in range(panels):
-                    j0 = p * NR
-                    cols = min(NR, n - j0)
-                    whole = rows == MR and cols == NR
-                    dst, d0, ldd = (c, i0 * ldc + j0, ldc) if whole else (ws, edge, NR)
-                    if in_place:
-                        _mk_rows(a, i0 * a_row + k0, a_row, _NO_INDEX, 0, ws, p * kc * NR, NR,
-                                 _NO_INDEX, 0, dst, d0, ldd, kl, acc and whole)
-                    else:
-                        _mk_packed(ws, ap, 0, _NO_INDEX, 0, ws, p * kc * NR, NR, _NO_INDEX, 0,
-                                   dst, d0, ldd, kl, acc and whole)
-                    if whole:
-                        continue
-                    for ii in range(rows):
-                        for jj in range(cols):
-                            at = (i0 + ii) * ldc + j0 + jj
-                            value = ws[edge + ii * NR + jj]
-                            c[at] = c[at] + value if acc else value
+                    _mk_packed(ws, ap, 0, _NO_INDEX, 0, ws, panel, NR, _NO_INDEX, 0,
+                               dst, d0, ldd, kl, acc and whole)
+                if whole:
+                    continue
+                for ii in range(rows):
+                    for jj in range(cols):
+                        at = (i0 + ii) * ldc + j0 + jj
+                        value = ws[edge + ii * NR + jj]
+                        c[at] = c[at] + value if acc else value
 
 
-def scratch(n, kc):
-    """(shared floats, floats per thread) of :func:`gemm`'s scratch area."""
-    return kc * round_up(n, NR), kc * MR + MR * NR
+def scratch(m, n, kc, parts):
+    """Floats of one part's scratch area of :func:`gemm`."""
+    panels, tiles = -(-n // NR), -(-m // MR)
+    own = -(-panels // parts) if panels >= tiles else panels
+    return kc * own * NR + kc * MR + MR * NR
 
 
-def product(a, b, c, accumulate, tuning, workspace, trans_a=False, trans_b=False):
+def product(a, b, c, accumulate, tuning, workspace, team, trans_a=False, trans_b=False):
     """``c (+)= op(a) op(b)`` for 2-D float32 NumPy arrays (``c`` C-contiguous, ``op`` the
-    transpose where asked), on ``tuning.threads`` threads in slices of ``tuning.kc`` rows.
+    transpose where asked), split between ``team``'s threads when it is large enough, in
+    slices of ``tuning.gemm_kc`` rows.
 
     Computes C, or C^T = op(b)^T op(a)^T into scratch memory (then added or copied into ``c``),
     whichever packs fewer floats from strided reads (A is packed along its rows, B along its
@@ -121,12 +131,13 @@ def product(a, b, c, accumulate, tuning, workspace, trans_a=False, trans_b=False
         a_row, a_col, b_row, b_col = b_col, b_row, a_col, a_row
         a, b = b, a
         target, acc = workspace.get("gemm_t", m * n)[:m * n].reshape(m, n), False
-    kc = max(1, min(tuning.kc, k))
-    shared, per_thread = scratch(n, kc)
-    ws = workspace.get("gemm", shared + tuning.threads * per_thread)
-    gemm(numpy.ascontiguousarray(a).reshape(-1), a_row, a_col,
-         numpy.ascontiguousarray(b).reshape(-1), b_row, b_col, target.reshape(-1), n,
-         m, n, k, acc, kc, tuning.threads, ws, per_thread)
+    kc = max(1, min(tuning.gemm_kc, k))
+    parts = team.threads if 2 * m * n * k >= PARALLEL_FLOPS else 1
+    per_part = scratch(m, n, kc, parts)
+    ws = workspace.get("gemm", parts * per_part)
+    team.run(gemm, numpy.ascontiguousarray(a).reshape(-1), a_row, a_col,
+             numpy.ascontiguousarray(b).reshape(-1), b_row, b_col, target.reshape(-1), n, m, n,
+             k, acc, kc, ws, per_part, parts=parts)
     if target is not c:
         if accumulate:
             c += target.T

@@ -11,11 +11,12 @@ once with the SIMD runs of :mod:`.simd` (strides 1 and 2; other strides element 
   ``dy / size`` over each window (an input position receives its terms from the outputs in
   increasing order).
 
-Results equal the reference kernels' bit for bit. Threads split the (image, channel) planes.
+Results equal the reference kernels' bit for bit. The parts of a call split the (image, channel)
+planes.
 """
 import numba
 import numpy
-from numba import njit, prange
+from numba import njit
 
 from ..reference.pooling import ave_divisors
 from . import simd
@@ -29,7 +30,7 @@ _sum_window1, _sum_window2 = simd.pool_window("sum", 1), simd.pool_window("sum",
 _fill = simd.fill
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy")
 def _columns(j, pw, sw, W, OW):
     """The outputs ``[lo, hi)`` whose window column ``j`` (input column ``ow sw - pw + j``)
     lies inside the input, and that column's offset ``j - pw``."""
@@ -39,7 +40,7 @@ def _columns(j, pw, sw, W, OW):
     return lo, max(lo, hi), off
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy")
 def _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW):
     """The window rows [hs, he) of output row ``oh`` and the interior outputs [lo, hi) whose
     window columns are all inside the input."""
@@ -51,128 +52,124 @@ def _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW):
     return hs, he, lo, max(lo, hi)
 
 
-@njit(cache=True, parallel=True)
-def max_forward(x, y, argmax, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def max_forward(x, y, argmax, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, threads):
     """``y`` (planes, OH, OW) = MAX pooling of ``x`` (planes, H, W); ``argmax`` likewise.
 
     Interior outputs scan their whole window in registers (:func:`simd.pool_window`); the
     outputs whose windows hang off the sides take one window column at a time."""
-    for t in prange(threads):
-        for p in range(planes * t // threads, planes * (t + 1) // threads):
-            xb = p * H * W
-            for oh in range(OH):
-                hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
-                row = (p * OH + oh) * OW
-                if ihi > ilo:
-                    first = hs * W + ilo * sw - pw
-                    if sw == 1:
-                        _max_window1(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
-                                     ihi - ilo, first)
-                    elif sw == 2:
-                        _max_window2(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
-                                     ihi - ilo, first)
-                for o in range(OW):
-                    if o < ilo or o >= ihi or sw > 2:
-                        y[row + o] = -FLT_MAX
-                        argmax[row + o] = -1
-                for h in range(hs, he):
-                    for j in range(kw):
-                        lo, hi, off = _columns(j, pw, sw, W, OW)
-                        for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
-                            if sw > 2:
-                                a, b = lo, hi
-                            first = h * W + a * sw + off
-                            if b <= a:
-                                continue
-                            if sw == 1:
-                                _max_run1(x, xb + first, y, argmax, row + a, b - a, first)
-                            elif sw == 2:
-                                _max_run2(x, xb + first, y, argmax, row + a, b - a, first)
-                            else:
-                                for o in range(a, b):
-                                    v = x[xb + first + (o - a) * sw]
-                                    if v > y[row + o]:
-                                        y[row + o] = v
-                                        argmax[row + o] = first + (o - a) * sw
-                            if sw > 2:
-                                break
+    for p in range(planes * t // threads, planes * (t + 1) // threads):
+        xb = p * H * W
+        for oh in range(OH):
+            hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
+            row = (p * OH + oh) * OW
+            if ihi > ilo:
+                first = hs * W + ilo * sw - pw
+                if sw == 1:
+                    _max_window1(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
+                                 ihi - ilo, first)
+                elif sw == 2:
+                    _max_window2(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
+                                 ihi - ilo, first)
+            for o in range(OW):
+                if o < ilo or o >= ihi or sw > 2:
+                    y[row + o] = -FLT_MAX
+                    argmax[row + o] = -1
+            for h in range(hs, he):
+                for j in range(kw):
+                    lo, hi, off = _columns(j, pw, sw, W, OW)
+                    for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
+                        if sw > 2:
+                            a, b = lo, hi
+                        first = h * W + a * sw + off
+                        if b <= a:
+                            continue
+                        if sw == 1:
+                            _max_run1(x, xb + first, y, argmax, row + a, b - a, first)
+                        elif sw == 2:
+                            _max_run2(x, xb + first, y, argmax, row + a, b - a, first)
+                        else:
+                            for o in range(a, b):
+                                v = x[xb + first + (o - a) * sw]
+                                if v > y[row + o]:
+                                    y[row + o] = v
+                                    argmax[row + o] = first + (o - a) * sw
+                        if sw > 2:
+                            break
 
 
-@njit(cache=True, parallel=True)
-def max_backward(dy, argmax, dx, planes, H, W, OH, OW, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def max_backward(dy, argmax, dx, planes, H, W, OH, OW, t, threads):
     """``dx`` (planes, H, W) = 0, then ``dx[argmax] += dy`` output by output."""
-    for t in prange(threads):
-        for p in range(planes * t // threads, planes * (t + 1) // threads):
-            xb = p * H * W
-            _fill(dx, xb, H * W, f32(0))
-            yb = p * OH * OW
-            for o in range(OH * OW):
-                a = argmax[yb + o]
-                if a >= 0:
-                    dx[xb + a] += dy[yb + o]
+    for p in range(planes * t // threads, planes * (t + 1) // threads):
+        xb = p * H * W
+        _fill(dx, xb, H * W, f32(0))
+        yb = p * OH * OW
+        for o in range(OH * OW):
+            a = argmax[yb + o]
+            if a >= 0:
+                dx[xb + a] += dy[yb + o]
 
 
-@njit(cache=True, parallel=True)
-def ave_forward(x, y, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def ave_forward(x, y, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, threads):
     """``y`` (planes, OH, OW) = AVE pooling of ``x``, ``divisor`` Caffe's (OH, OW) pool sizes
     (interior outputs summed in registers, as :func:`max_forward`)."""
-    for t in prange(threads):
-        for p in range(planes * t // threads, planes * (t + 1) // threads):
-            xb = p * H * W
-            for oh in range(OH):
-                hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
-                row = (p * OH + oh) * OW
-                if ihi > ilo:
-                    first = hs * W + ilo * sw - pw
-                    if sw == 1:
-                        _sum_window1(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
-                    elif sw == 2:
-                        _sum_window2(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
-                for o in range(OW):
-                    if o < ilo or o >= ihi or sw > 2:
-                        y[row + o] = 0
-                for h in range(hs, he):
-                    for j in range(kw):
-                        lo, hi, off = _columns(j, pw, sw, W, OW)
-                        for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
-                            if sw > 2:
-                                a, b = lo, hi
-                            first = h * W + a * sw + off
-                            if b <= a:
-                                continue
-                            if sw == 1:
-                                _sum_run1(x, xb + first, y, row + a, b - a)
-                            elif sw == 2:
-                                _sum_run2(x, xb + first, y, row + a, b - a)
-                            else:
-                                for o in range(a, b):
-                                    y[row + o] += x[xb + first + (o - a) * sw]
-                            if sw > 2:
-                                break
-                for o in range(OW):
-                    y[row + o] /= divisor[oh * OW + o]
+    for p in range(planes * t // threads, planes * (t + 1) // threads):
+        xb = p * H * W
+        for oh in range(OH):
+            hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
+            row = (p * OH + oh) * OW
+            if ihi > ilo:
+                first = hs * W + ilo * sw - pw
+                if sw == 1:
+                    _sum_window1(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
+                elif sw == 2:
+                    _sum_window2(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
+            for o in range(OW):
+                if o < ilo or o >= ihi or sw > 2:
+                    y[row + o] = 0
+            for h in range(hs, he):
+                for j in range(kw):
+                    lo, hi, off = _columns(j, pw, sw, W, OW)
+                    for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
+                        if sw > 2:
+                            a, b = lo, hi
+                        first = h * W + a * sw + off
+                        if b <= a:
+                            continue
+                        if sw == 1:
+                            _sum_run1(x, xb + first, y, row + a, b - a)
+                        elif sw == 2:
+                            _sum_run2(x, xb + first, y, row + a, b - a)
+                        else:
+                            for o in range(a, b):
+                                y[row + o] += x[xb + first + (o - a) * sw]
+                        if sw > 2:
+                            break
+            for o in range(OW):
+                y[row + o] /= divisor[oh * OW + o]
 
 
-@njit(cache=True, parallel=True)
-def ave_backward(dy, dx, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, threads):
+@njit(cache=True, nogil=True, error_model="numpy")
+def ave_backward(dy, dx, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, threads):
     """``dx`` (planes, H, W) = 0, then ``dy / size`` added over every window, outputs in
     increasing order (row by row; within a row, window columns last to first)."""
-    for t in prange(threads):
-        for p in range(planes * t // threads, planes * (t + 1) // threads):
-            xb = p * H * W
-            _fill(dx, xb, H * W, f32(0))
-            for oh in range(OH):
-                hs = oh * sh - ph
-                he = min(hs + kh, H)
-                hs = max(hs, 0)
-                row = (p * OH + oh) * OW
-                for h in range(hs, he):
-                    for j in range(kw - 1, -1, -1):
-                        lo, hi, off = _columns(j, pw, sw, W, OW)
-                        base = xb + h * W + off
-                        for o in range(lo, hi):
-                            dx[numba.uint64(base + o * sw)] += (dy[row + o]
-                                                                / divisor[oh * OW + o])
+    for p in range(planes * t // threads, planes * (t + 1) // threads):
+        xb = p * H * W
+        _fill(dx, xb, H * W, f32(0))
+        for oh in range(OH):
+            hs = oh * sh - ph
+            he = min(hs + kh, H)
+            hs = max(hs, 0)
+            row = (p * OH + oh) * OW
+            for h in range(hs, he):
+                for j in range(kw - 1, -1, -1):
+                    lo, hi, off = _columns(j, pw, sw, W, OW)
+                    base = xb + h * W + off
+                    for o in range(lo, hi):
+                        dx[numba.uint64(base + o * sw)] += (dy[row + o]
+                                                            / divisor[oh * OW + o])
 
 
 class PoolPlan:
@@ -183,9 +180,9 @@ class PoolPlan:
     into ``mask`` (Caffe's second top) unless ``mask`` is None.
     """
 
-    def __init__(self, geometry, tuning):
+    def __init__(self, geometry, team):
         g = self.geometry = geometry
-        self.threads = tuning.threads
+        self.team = team
         self.planes = g.num * g.channels
         self.dims = g.in_hw + g.out_hw
         self.window = g.kernel + g.stride + g.pad
@@ -195,18 +192,18 @@ class PoolPlan:
 
     def forward(self, x, y, mask=None):
         if self.is_max:
-            max_forward(x.reshape(-1), y.reshape(-1), self.argmax, self.planes, *self.dims,
-                        *self.window, self.threads)
+            self.team.run(max_forward, x.reshape(-1), y.reshape(-1), self.argmax, self.planes,
+                          *self.dims, *self.window)
             if mask is not None:
                 mask.reshape(-1)[...] = self.argmax
         else:
-            ave_forward(x.reshape(-1), y.reshape(-1), self.divisor, self.planes, *self.dims,
-                        *self.window, self.threads)
+            self.team.run(ave_forward, x.reshape(-1), y.reshape(-1), self.divisor, self.planes,
+                          *self.dims, *self.window)
 
     def backward(self, dy, dx):
         if self.is_max:
-            max_backward(dy.reshape(-1), self.argmax, dx.reshape(-1), self.planes, *self.dims,
-                         self.threads)
+            self.team.run(max_backward, dy.reshape(-1), self.argmax, dx.reshape(-1), self.planes,
+                          *self.dims)
         else:
-            ave_backward(dy.reshape(-1), dx.reshape(-1), self.divisor, self.planes, *self.dims,
-                         *self.window, self.threads)
+            self.team.run(ave_backward, dy.reshape(-1), dx.reshape(-1), self.divisor,
+                          self.planes, *self.dims, *self.window)

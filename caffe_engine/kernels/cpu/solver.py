@@ -8,7 +8,7 @@ reference kernels' bit for bit (no operation is fused into a multiply-add). Larg
 split between threads.
 """
 import numpy
-from numba import njit, prange
+from numba import njit
 
 from ..reference.solver import RULES, adam_correction
 
@@ -19,7 +19,7 @@ CODES = {name: code for code, name in enumerate(RULES)}
 PARALLEL_MIN = 1 << 16
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
              scale):
     g = diff[i]
@@ -62,30 +62,19 @@ def _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, d
     data[i] = data[i] - g
 
 
-@njit(cache=True)
-def step_serial(rule, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
-                scale):
-    """The fused step over every element of one param (flat float32 arrays)."""
-    for i in range(data.shape[0]):
+@njit(cache=True, nogil=True, error_model="numpy")
+def step_part(rule, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1, scale,
+              t, parts):
+    """The fused step over part ``t`` of ``parts`` of one param's elements (flat float32)."""
+    n = data.shape[0]
+    for i in range(n * t // parts, n * (t + 1) // parts):
         _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
                  scale)
 
 
-@njit(cache=True, parallel=True)
-def step_parallel(rule, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
-                  scale, threads):
-    """:func:`step_serial` with the elements split between ``threads`` threads."""
-    n = data.shape[0]
-    for t in prange(threads):
-        for i in range(n * t // threads, n * (t + 1) // threads):
-            _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay,
-                     l1, scale)
-
-
-def make_step(rule, tuning):
+def make_step(rule, team):
     """The cpu set's ``update(rule)``: same signature and results as the reference step."""
     code = CODES[rule]
-    threads = tuning.threads
 
     def step(data, diff, history, local_rate, hyper, decay, l1, iter_scale):
         d, g = data.reshape(-1), diff.reshape(-1)
@@ -97,8 +86,5 @@ def make_step(rule, tuning):
         args = (code, d, g, h0, h1, f32(local_rate), f32(hyper.momentum), f32(hyper.momentum2),
                 f32(hyper.delta), f32(hyper.rms_decay), correction, f32(decay), bool(l1),
                 f32(iter_scale))
-        if d.shape[0] >= PARALLEL_MIN and threads > 1:
-            step_parallel(*args, threads)
-        else:
-            step_serial(*args)
+        team.run(step_part, *args, parts=None if d.shape[0] >= PARALLEL_MIN else 1)
     return step

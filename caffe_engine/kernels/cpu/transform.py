@@ -12,7 +12,7 @@ from numba import njit
 f32 = numpy.float32
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def transform_batch(batch, out, params, mean, mean_kind, scale):
     """``out`` (N, C, OH, OW) float32 from ``batch`` (N, C, H, W) uint8 or float32.
 

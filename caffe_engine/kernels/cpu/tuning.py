@@ -43,6 +43,7 @@ class CpuTuning:
         backward_data: how a stride-1 convolution's data gradient is computed: "flip" (a
             convolution of the top diff with the flipped filters), "col2im" (W^T dy, then
             the scattered adds), or "auto" (the cheaper by :func:`.conv.flip_pays`).
+        gemm_kc: rows of B per packed slice in InnerProduct's GEMM (:mod:`.gemm`).
     """
 
     threads: int = 1
@@ -55,6 +56,7 @@ class CpuTuning:
     copy_cost: float = 0.8e-9
     interleave_cost: float = 0.8e-9
     backward_data: str = "auto"
+    gemm_kc: int = 1024
 
     @classmethod
     def from_environment(cls):
