@@ -138,10 +138,14 @@ class Conv2dPlan:
                           stride)
             return
         wt = w.reshape(G, Mg, self.Kg).transpose(0, 2, 1)
+        # (G, Kgpad, Mg), then MR zero rows: col2im's slices start at a channel's first row,
+        # any row, and read whole tiles of MR rows
         kgpad = round_up(self.Kg, MR)
-        wtp = self.workspace.get("conv_w", G * kgpad * Mg)[:G * kgpad * Mg]
-        wtp.reshape(G, kgpad, Mg)[:, :self.Kg] = wt
-        wtp.reshape(G, kgpad, Mg)[:, self.Kg:] = 0
+        size = G * kgpad * Mg
+        wtp = self.workspace.get("conv_w", size + MR * Mg)[:size + MR * Mg]
+        wtp[:size].reshape(G, kgpad, Mg)[:, :self.Kg] = wt
+        wtp[:size].reshape(G, kgpad, Mg)[:, self.Kg:] = 0
+        wtp[size:] = 0
         # The top diff in the wide numbering of the input's layout: (chunks, M, OH, Ws, NB).
         dyt = self._pack("conv_in", dy, self.M, self.OH, self.OW, 0, 0, 1, 1, self.OH, self.Ws,
                          self.NB)
