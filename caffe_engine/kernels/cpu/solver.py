@@ -7,6 +7,7 @@ its history, and ``data -= update``; ``diff`` keeps the update value. Results eq
 reference kernels' bit for bit (no operation is fused into a multiply-add). Large params are
 split between threads.
 """
+import numba
 import numpy
 from numba import njit
 
@@ -20,46 +21,36 @@ PARALLEL_MIN = 1 << 16
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
-             scale):
-    g = diff[i]
+def _element(rule, g, w, v0, v1, rate, m, m2, delta, rms, correction, decay, l1, scale):
+    """One element's step on scalars (no arrays here: an inlined function taking arrays would
+    count references on every call): returns (update, new history 0, new history 1)."""
     if scale != f32(1):
         g = g * scale
     if decay != f32(0):
-        w = data[i]
         g = g + (decay * numpy.sign(w) if l1 else w * decay)
     if rule == 0:        # SGD: h = m h + rate g; g = h
-        h = h0[i] * m + g * rate
-        h0[i] = h
-        g = h
+        v0 = v0 * m + g * rate
+        g = v0
     elif rule == 1:      # Nesterov: h' = m h + rate g; g = (1 + m) h' - m h
-        old = h0[i]
-        h = old * m + g * rate
-        h0[i] = h
-        g = old * -m + h * (f32(1) + m)
+        old = v0
+        v0 = old * m + g * rate
+        g = old * -m + v0 * (f32(1) + m)
     elif rule == 2:      # AdaGrad: h += g g; g = rate g / (sqrt(h) + delta)
-        h = h0[i] + g * g
-        h0[i] = h
-        g = (g / (numpy.sqrt(h) + delta)) * rate
+        v0 = v0 + g * g
+        g = (g / (numpy.sqrt(v0) + delta)) * rate
     elif rule == 3:      # RMSProp: h = d h + (1 - d) g g; g = rate g / (sqrt(h) + delta)
-        h = h0[i] * rms + (g * g) * (f32(1) - rms)
-        h0[i] = h
-        g = (g / (numpy.sqrt(h) + delta)) * rate
+        v0 = v0 * rms + (g * g) * (f32(1) - rms)
+        g = (g / (numpy.sqrt(v0) + delta)) * rate
     elif rule == 4:      # AdaDelta
-        hg = h0[i] * m + (g * g) * (f32(1) - m)
-        h0[i] = hg
-        g = g * numpy.sqrt((h1[i] + delta) / (hg + delta))
-        hu = h1[i] * m + (g * g) * (f32(1) - m)
-        h1[i] = hu
+        v0 = v0 * m + (g * g) * (f32(1) - m)
+        g = g * numpy.sqrt((v1 + delta) / (v0 + delta))
+        v1 = v1 * m + (g * g) * (f32(1) - m)
         g = g * rate
     else:                # Adam
-        mo = h0[i] * m + g * (f32(1) - m)
-        h0[i] = mo
-        v = h1[i] * m2 + (g * g) * (f32(1) - m2)
-        h1[i] = v
-        g = (mo / (numpy.sqrt(v) + delta)) * correction
-    diff[i] = g
-    data[i] = data[i] - g
+        v0 = v0 * m + g * (f32(1) - m)
+        v1 = v1 * m2 + (g * g) * (f32(1) - m2)
+        g = (v0 / (numpy.sqrt(v1) + delta)) * correction
+    return g, v0, v1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -67,9 +58,16 @@ def step_part(rule, data, diff, h0, h1, rate, m, m2, delta, rms, correction, dec
               t, parts):
     """The fused step over part ``t`` of ``parts`` of one param's elements (flat float32)."""
     n = data.shape[0]
-    for i in range(n * t // parts, n * (t + 1) // parts):
-        _element(rule, i, data, diff, h0, h1, rate, m, m2, delta, rms, correction, decay, l1,
-                 scale)
+    two = rule >= 4
+    for i in range(numba.uint64(n * t // parts), numba.uint64(n * (t + 1) // parts)):
+        w = data[i]
+        g, v0, v1 = _element(rule, diff[i], w, h0[i], h1[i] if two else f32(0), rate, m, m2,
+                             delta, rms, correction, decay, l1, scale)
+        h0[i] = v0
+        if two:
+            h1[i] = v1
+        diff[i] = g
+        data[i] = w - g
 
 
 def make_step(rule, team):
