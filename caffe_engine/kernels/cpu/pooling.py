@@ -1,8 +1,9 @@
 """MAX and AVE pooling on the CPU: Caffe's loops in Numba, vectorised along an output row.
 
-Caffe: src/caffe/layers/pooling_layer.cpp. For each output row the window offsets are visited
-in Caffe's scan order (window rows, then columns), each applied to the whole row of outputs at
-once with the SIMD runs of :mod:`.simd` (strides 1 and 2; other strides element by element):
+Caffe: src/caffe/layers/pooling_layer.cpp. For each output row, a vector of outputs at a time
+holds its windows in registers (:func:`.simd.pool_window`, strides 1 and 2; other strides
+element by element), the window cells visited in Caffe's scan order (window rows, then columns)
+and cells outside the input left out lane by lane:
 
 * MAX keeps Caffe's strict ``>`` from ``-FLT_MAX`` per output (the first maximum wins, NaN never
   wins) and the argmax ``h * W + w`` (int32, -1 when nothing beat ``-FLT_MAX``);
@@ -23,8 +24,6 @@ from . import simd
 
 f32 = numpy.float32
 FLT_MAX = f32(numpy.finfo(f32).max)
-_max_run1, _max_run2 = simd.pool_max_run(1), simd.pool_max_run(2)
-_sum_run1, _sum_run2 = simd.pool_sum_run(1), simd.pool_sum_run(2)
 _max_window1, _max_window2 = simd.pool_window("max", 1), simd.pool_window("max", 2)
 _sum_window1, _sum_window2 = simd.pool_window("sum", 1), simd.pool_window("sum", 2)
 _fill = simd.fill
@@ -40,62 +39,36 @@ def _columns(j, pw, sw, W, OW):
     return lo, max(lo, hi), off
 
 
-@njit(cache=True, error_model="numpy")
-def _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW):
-    """The window rows [hs, he) of output row ``oh`` and the interior outputs [lo, hi) whose
-    window columns are all inside the input."""
-    hs = oh * sh - ph
-    he = min(hs + kh, H)
-    hs = max(hs, 0)
-    lo = _columns(0, pw, sw, W, OW)[0]
-    hi = _columns(kw - 1, pw, sw, W, OW)[1]
-    return hs, he, lo, max(lo, hi)
-
-
 @njit(cache=True, nogil=True, error_model="numpy")
 def max_forward(x, y, argmax, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, threads):
-    """``y`` (planes, OH, OW) = MAX pooling of ``x`` (planes, H, W); ``argmax`` likewise.
-
-    Interior outputs scan their whole window in registers (:func:`simd.pool_window`); the
-    outputs whose windows hang off the sides take one window column at a time."""
+    """``y`` (planes, OH, OW) = MAX pooling of ``x`` (planes, H, W); ``argmax`` likewise: one
+    output row's windows at a time in registers (:func:`simd.pool_window`; strides above 2 element
+    by element)."""
     for p in range(planes * t // threads, planes * (t + 1) // threads):
         xb = p * H * W
         for oh in range(OH):
-            hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
+            hs = oh * sh - ph
+            he = min(hs + kh, H)
+            hs = max(hs, 0)
             row = (p * OH + oh) * OW
-            if ihi > ilo:
-                first = hs * W + ilo * sw - pw
-                if sw == 1:
-                    _max_window1(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
-                                 ihi - ilo, first)
-                elif sw == 2:
-                    _max_window2(x, xb + first, W, he - hs, kw, y, argmax, row + ilo,
-                                 ihi - ilo, first)
-            for o in range(OW):
-                if o < ilo or o >= ihi or sw > 2:
-                    y[row + o] = -FLT_MAX
-                    argmax[row + o] = -1
-            for h in range(hs, he):
-                for j in range(kw):
-                    lo, hi, off = _columns(j, pw, sw, W, OW)
-                    for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
-                        if sw > 2:
-                            a, b = lo, hi
-                        first = h * W + a * sw + off
-                        if b <= a:
-                            continue
-                        if sw == 1:
-                            _max_run1(x, xb + first, y, argmax, row + a, b - a, first)
-                        elif sw == 2:
-                            _max_run2(x, xb + first, y, argmax, row + a, b - a, first)
-                        else:
-                            for o in range(a, b):
-                                v = x[xb + first + (o - a) * sw]
-                                if v > y[row + o]:
-                                    y[row + o] = v
-                                    argmax[row + o] = first + (o - a) * sw
-                        if sw > 2:
-                            break
+            first = hs * W - pw
+            if sw == 1:
+                _max_window1(x, xb + first, W, he - hs, kw, -pw, W, y, argmax, row, OW, first)
+            elif sw == 2:
+                _max_window2(x, xb + first, W, he - hs, kw, -pw, W, y, argmax, row, OW, first)
+            else:
+                for o in range(OW):
+                    ws = o * sw - pw
+                    best = -FLT_MAX
+                    arg = -1
+                    for h in range(hs, he):
+                        for w in range(max(ws, 0), min(ws + kw, W)):
+                            v = x[xb + h * W + w]
+                            if v > best:
+                                best = v
+                                arg = h * W + w
+                    y[row + o] = best
+                    argmax[row + o] = arg
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -114,39 +87,27 @@ def max_backward(dy, argmax, dx, planes, H, W, OH, OW, t, threads):
 @njit(cache=True, nogil=True, error_model="numpy")
 def ave_forward(x, y, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, threads):
     """``y`` (planes, OH, OW) = AVE pooling of ``x``, ``divisor`` Caffe's (OH, OW) pool sizes
-    (interior outputs summed in registers, as :func:`max_forward`)."""
+    (windows summed in registers as :func:`max_forward`)."""
     for p in range(planes * t // threads, planes * (t + 1) // threads):
         xb = p * H * W
         for oh in range(OH):
-            hs, he, ilo, ihi = _edges(oh, sh, ph, kh, H, pw, sw, kw, W, OW)
+            hs = oh * sh - ph
+            he = min(hs + kh, H)
+            hs = max(hs, 0)
             row = (p * OH + oh) * OW
-            if ihi > ilo:
-                first = hs * W + ilo * sw - pw
-                if sw == 1:
-                    _sum_window1(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
-                elif sw == 2:
-                    _sum_window2(x, xb + first, W, he - hs, kw, y, row + ilo, ihi - ilo)
-            for o in range(OW):
-                if o < ilo or o >= ihi or sw > 2:
-                    y[row + o] = 0
-            for h in range(hs, he):
-                for j in range(kw):
-                    lo, hi, off = _columns(j, pw, sw, W, OW)
-                    for a, b in ((lo, min(hi, ilo)), (max(lo, ihi), hi)):
-                        if sw > 2:
-                            a, b = lo, hi
-                        first = h * W + a * sw + off
-                        if b <= a:
-                            continue
-                        if sw == 1:
-                            _sum_run1(x, xb + first, y, row + a, b - a)
-                        elif sw == 2:
-                            _sum_run2(x, xb + first, y, row + a, b - a)
-                        else:
-                            for o in range(a, b):
-                                y[row + o] += x[xb + first + (o - a) * sw]
-                        if sw > 2:
-                            break
+            first = hs * W - pw
+            if sw == 1:
+                _sum_window1(x, xb + first, W, he - hs, kw, -pw, W, y, row, OW)
+            elif sw == 2:
+                _sum_window2(x, xb + first, W, he - hs, kw, -pw, W, y, row, OW)
+            else:
+                for o in range(OW):
+                    ws = o * sw - pw
+                    total = f32(0)
+                    for h in range(hs, he):
+                        for w in range(max(ws, 0), min(ws + kw, W)):
+                            total += x[xb + h * W + w]
+                    y[row + o] = total
             for o in range(OW):
                 y[row + o] /= divisor[oh * OW + o]
 

@@ -367,27 +367,6 @@ def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=Fals
 # ------------------------------------------------------------------------------------------------
 # Pooling runs: one window offset applied to a row of outputs
 # ------------------------------------------------------------------------------------------------
-def _strided_load(builder, base, start, count, stride, w, fill):
-    """``base[start + stride * lane]`` for lanes ``< count`` (else ``fill``) as <w x float>;
-    stride 1 or 2 (two loads and a shuffle of the even floats)."""
-    vt = _vt(w)
-    mload, _ = _masked(builder, w)
-    align = ir.Constant(I32, 4)
-    passthru = ir.Constant(vt, [fill] * w)
-    if stride == 1:
-        return builder.call(mload, [_vptr(builder, base, start, w), align,
-                                    _mask(builder, count, w), passthru])
-    # floats 0 .. 2 count - 2 of the run are read
-    span = builder.sub(builder.mul(count, ir.Constant(I64, 2)), ir.Constant(I64, 1))
-    lo = builder.call(mload, [_vptr(builder, base, start, w), align, _mask(builder, span, w),
-                              passthru])
-    rest = builder.sub(span, ir.Constant(I64, w))
-    hi = builder.call(mload, [_vptr(builder, base, builder.add(start, ir.Constant(I64, w)), w),
-                              align, _mask(builder, rest, w), passthru])
-    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, w),
-                                                      [2 * i for i in range(w)]))
-
-
 def _int_masked(builder, w):
     it = ir.VectorType(I32, w)
     mt = ir.VectorType(ir.IntType(1), w)
@@ -400,57 +379,6 @@ def _int_masked(builder, w):
     return load, store
 
 
-@functools.lru_cache(maxsize=None)
-def pool_max_run(stride):
-    """``run(x, x0, best, arg, b0, n, index0)``: for ``o < n``, where
-    ``x[x0 + stride o] > best[b0 + o]`` (ordered: NaN never wins), ``best[b0 + o]`` takes that
-    value and ``arg[b0 + o]`` (int32) the index ``index0 + stride o``. ``stride`` 1 or 2.
-    One step of Caffe's MAX scan for a row of windows."""
-    w = vector_width()
-
-    def typer(typingctx, x, x0, best, arg, b0, n, index0):
-        i64 = types.int64
-        sig = types.void(x, i64, best, arg, i64, i64, i64)
-
-        def codegen(context, builder, signature, args):
-            x_, x0_, best_, arg_, b0_, n_, index0_ = args
-            sa = signature.args
-            px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
-            pb = builder.gep(_data(context, builder, sa[2], best_), [b0_])
-            pa = builder.gep(_data(context, builder, sa[3], arg_), [b0_])
-            mload, mstore = _masked(builder, w)
-            iload, istore = _int_masked(builder, w)
-            it = ir.VectorType(I32, w)
-            align = ir.Constant(I32, 4)
-            wc = ir.Constant(I64, w)
-            lanes = ir.Constant(it, [stride * i for i in range(w)])
-            steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
-
-            def body(builder, i):
-                at = builder.mul(i, wc)
-                count = builder.sub(n_, at)
-                mask = _mask(builder, builder.select(
-                    builder.icmp_signed(">", count, wc), wc, count), w)
-                v = _strided_load(builder, px, builder.mul(at, ir.Constant(I64, stride)),
-                                  builder.select(builder.icmp_signed(">", count, wc), wc, count),
-                                  stride, w, float("-inf"))
-                bp = _vptr(builder, pb, at, w)
-                ap = builder.bitcast(builder.gep(pa, [at]), it.as_pointer())
-                b = builder.call(mload, [bp, align, mask, ir.Constant(_vt(w), [0.0] * w)])
-                a = builder.call(iload, [ap, align, mask, ir.Constant(it, [0] * w)])
-                gt = builder.fcmp_ordered(">", v, b)
-                first = builder.trunc(builder.add(index0_, builder.mul(at, ir.Constant(
-                    I64, stride))), I32)
-                idx = builder.add(_splat_int(builder, first, w), lanes)
-                builder.call(mstore, [builder.select(gt, v, b), bp, align, mask])
-                builder.call(istore, [builder.select(gt, idx, a), ap, align, mask])
-            _counted_loop(builder, steps, body)
-            return context.get_dummy_value()
-        return sig, codegen
-    typer.__name__ = f"pool_max_run_{stride}"
-    return intrinsic(typer)
-
-
 def _splat_int(builder, value, w):
     it = ir.VectorType(I32, w)
     vec = builder.insert_element(ir.Constant(it, ir.Undefined), value, ir.Constant(I32, 0))
@@ -458,94 +386,91 @@ def _splat_int(builder, value, w):
                                   ir.Constant(ir.VectorType(I32, w), [0] * w))
 
 
-@functools.lru_cache(maxsize=None)
-def pool_sum_run(stride):
-    """``run(x, x0, total, t0, n)``: ``total[t0 + o] += x[x0 + stride o]`` for ``o < n``
-    (``stride`` 1 or 2): one step of Caffe's AVE sum for a row of windows."""
-    w = vector_width()
-
-    def typer(typingctx, x, x0, total_, t0, n):
-        i64 = types.int64
-        sig = types.void(x, i64, total_, i64, i64)
-
-        def codegen(context, builder, signature, args):
-            x_, x0_, tot_, t0_, n_ = args
-            sa = signature.args
-            px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
-            pt = builder.gep(_data(context, builder, sa[2], tot_), [t0_])
-            mload, mstore = _masked(builder, w)
-            align = ir.Constant(I32, 4)
-            wc = ir.Constant(I64, w)
-            steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
-
-            def body(builder, i):
-                at = builder.mul(i, wc)
-                count = builder.sub(n_, at)
-                count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
-                mask = _mask(builder, count, w)
-                v = _strided_load(builder, px, builder.mul(at, ir.Constant(I64, stride)), count,
-                                  stride, w, 0.0)
-                tp = _vptr(builder, pt, at, w)
-                t = builder.call(mload, [tp, align, mask, ir.Constant(_vt(w), [0.0] * w)])
-                builder.call(mstore, [builder.fadd(t, v), tp, align, mask])
-            _counted_loop(builder, steps, body)
-            return context.get_dummy_value()
-        return sig, codegen
-    typer.__name__ = f"pool_sum_run_{stride}"
-    return intrinsic(typer)
+def _masked_strided_load(builder, base, start, valid, stride, w, fill):
+    """``base[start + stride * lane]`` where ``valid`` (<w x i1>) is set, else ``fill``; stride 1
+    or 2 (two masked loads of the floats under the valid lanes, then the even floats)."""
+    vt = _vt(w)
+    mload, _ = _masked(builder, w)
+    align = ir.Constant(I32, 4)
+    passthru = ir.Constant(vt, [fill] * w)
+    if stride == 1:
+        return builder.call(mload, [_vptr(builder, base, start, w), align, valid, passthru])
+    undef = ir.Constant(ir.VectorType(ir.IntType(1), w), ir.Undefined)
+    halves = []
+    for half in range(2):
+        # float e of this half is lane (half w + e) // 2's when e is even
+        lanes = [(half * w + e) // 2 for e in range(w)]
+        spread = builder.shuffle_vector(valid, undef, ir.Constant(ir.VectorType(I32, w), lanes))
+        even = ir.Constant(ir.VectorType(ir.IntType(1), w), [e % 2 == 0 for e in range(w)])
+        mask = builder.and_(spread, even)
+        at = builder.add(start, ir.Constant(I64, half * w))
+        halves.append(builder.call(mload, [_vptr(builder, base, at, w), align, mask, passthru]))
+    return builder.shuffle_vector(halves[0], halves[1], ir.Constant(
+        ir.VectorType(I32, w), [2 * i for i in range(w)]))
 
 
 @functools.lru_cache(maxsize=None)
 def pool_window(kind, stride):
-    """A whole window for a row of outputs, in registers, for outputs whose window columns all
-    lie inside the input (the interior of a row).
+    """A whole window for a row of outputs, in registers, one masked vector of outputs at a
+    time; window cells outside the input's columns are left out lane by lane.
 
-    ``kind`` "max": ``run(x, x0, row, rows, cols, best, arg, b0, n, index0)`` sets, for
-    ``o < n``, ``best[b0 + o]`` to the first maximum (strict ``>`` from ``-FLT_MAX``, NaN never
-    wins) of ``x[x0 + r row + j + stride o]`` over ``r < rows``, ``j < cols`` scanned row-major,
-    and ``arg[b0 + o]`` (int32) to its ``index0 + r row + j + stride o`` (-1 when nothing beat
-    ``-FLT_MAX``). ``kind`` "sum": ``run(x, x0, row, rows, cols, total, b0, n)`` sets
-    ``total[b0 + o]`` to the same values' sum, added in the same order from 0. ``stride`` 1 or 2.
+    ``kind`` "max": ``run(x, x0, row, rows, cols, col0, width, best, arg, b0, n, index0)`` sets,
+    for ``o < n``, ``best[b0 + o]`` to the first maximum (strict ``>`` from ``-FLT_MAX``, NaN
+    never wins) of ``x[x0 + r row + j + stride o]`` over ``r < rows``, ``j < cols`` scanned
+    row-major, skipping cells whose column ``col0 + j + stride o`` is outside ``[0, width)``, and
+    ``arg[b0 + o]`` (int32) to its ``index0 + r row + j + stride o`` (-1 when nothing beat
+    ``-FLT_MAX``). ``kind`` "sum": ``run(x, x0, row, rows, cols, col0, width, total, b0, n)``
+    sets ``total[b0 + o]`` to the sum of the same cells, added in the same order from 0.
+    ``stride`` 1 or 2.
     """
     w = vector_width()
     flt_max = float(numpy.finfo(numpy.float32).max)
 
-    def body(context, builder, px, row_, rows_, cols_, n_, emit):
-        """Loop over vector chunks of the outputs; ``emit(builder, at, count, mask, value_at)``
-        where ``value_at(r, j)`` loads the chunk's values at window cell (r, j)."""
+    def loop_chunks(builder, px, row_, rows_, cols_, col0_, width_, n_, emit):
+        """Per vector chunk of outputs: ``emit(builder, at, mask, value_at)``, where
+        ``value_at(r, j, fill)`` loads the chunk's window cell (r, j), ``fill`` where the cell's
+        column is outside the input or the lane past ``n``."""
         wc = ir.Constant(I64, w)
         steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
+        vi64 = ir.VectorType(I64, w)
 
         def chunk(builder, i):
             at = builder.mul(i, wc)
             count = builder.sub(n_, at)
             count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
             mask = _mask(builder, count, w)
+            lanes = ir.Constant(vi64, [stride * lane for lane in range(w)])
+            first = builder.add(col0_, builder.mul(at, ir.Constant(I64, stride)))
 
             def value_at(builder, r, j, fill):
+                col = builder.add(_splat_i64(builder, builder.add(first, j), w), lanes)
+                inside = builder.and_(
+                    builder.icmp_signed(">=", col, ir.Constant(vi64, [0] * w)),
+                    builder.icmp_signed("<", col, _splat_i64(builder, width_, w)))
                 start = builder.add(builder.add(builder.mul(r, row_), j),
                                     builder.mul(at, ir.Constant(I64, stride)))
-                return _strided_load(builder, px, start, count, stride, w, fill)
-            emit(builder, at, count, mask, value_at)
+                return _masked_strided_load(builder, px, start, builder.and_(inside, mask),
+                                            stride, w, fill)
+            emit(builder, at, mask, value_at)
         _counted_loop(builder, steps, chunk)
 
     if kind == "max":
-        def typer(typingctx, x, x0, row, rows, cols, best, arg, b0, n, index0):
+        def typer(typingctx, x, x0, row, rows, cols, col0, width, best, arg, b0, n, index0):
             i64 = types.int64
-            sig = types.void(x, i64, i64, i64, i64, best, arg, i64, i64, i64)
+            sig = types.void(x, i64, i64, i64, i64, i64, i64, best, arg, i64, i64, i64)
 
             def codegen(context, builder, signature, args):
-                x_, x0_, row_, rows_, cols_, best_, arg_, b0_, n_, index0_ = args
+                x_, x0_, row_, rows_, cols_, col0_, width_, best_, arg_, b0_, n_, index0_ = args
                 sa = signature.args
                 px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
-                pb = builder.gep(_data(context, builder, sa[5], best_), [b0_])
-                pa = builder.gep(_data(context, builder, sa[6], arg_), [b0_])
+                pb = builder.gep(_data(context, builder, sa[7], best_), [b0_])
+                pa = builder.gep(_data(context, builder, sa[8], arg_), [b0_])
                 _, mstore = _masked(builder, w)
                 _, istore = _int_masked(builder, w)
                 it = ir.VectorType(I32, w)
-                lanes = ir.Constant(it, [stride * i for i in range(w)])
+                offsets = ir.Constant(it, [stride * i for i in range(w)])
 
-                def emit(builder, at, count, mask, value_at):
+                def emit(builder, at, mask, value_at):
                     best_v = cgutils.alloca_once_value(
                         builder, ir.Constant(_vt(w), [-flt_max] * w))
                     arg_v = cgutils.alloca_once_value(builder, ir.Constant(it, [-1] * w))
@@ -558,7 +483,7 @@ def pool_window(kind, stride):
                             gt = builder.fcmp_ordered(">", v, b)
                             where = builder.trunc(builder.add(base, builder.add(
                                 builder.mul(r, row_), j)), I32)
-                            idx = builder.add(_splat_int(builder, where, w), lanes)
+                            idx = builder.add(_splat_int(builder, where, w), offsets)
                             builder.store(builder.select(gt, v, b), best_v)
                             builder.store(builder.select(gt, idx, builder.load(arg_v)), arg_v)
                         _counted_loop(builder, cols_, per_col)
@@ -568,22 +493,22 @@ def pool_window(kind, stride):
                                           align, mask])
                     builder.call(istore, [builder.load(arg_v), builder.bitcast(
                         builder.gep(pa, [at]), it.as_pointer()), align, mask])
-                body(context, builder, px, row_, rows_, cols_, n_, emit)
+                loop_chunks(builder, px, row_, rows_, cols_, col0_, width_, n_, emit)
                 return context.get_dummy_value()
             return sig, codegen
     else:
-        def typer(typingctx, x, x0, row, rows, cols, total, t0, n):
+        def typer(typingctx, x, x0, row, rows, cols, col0, width, total, t0, n):
             i64 = types.int64
-            sig = types.void(x, i64, i64, i64, i64, total, i64, i64)
+            sig = types.void(x, i64, i64, i64, i64, i64, i64, total, i64, i64)
 
             def codegen(context, builder, signature, args):
-                x_, x0_, row_, rows_, cols_, tot_, t0_, n_ = args
+                x_, x0_, row_, rows_, cols_, col0_, width_, tot_, t0_, n_ = args
                 sa = signature.args
                 px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
-                pt = builder.gep(_data(context, builder, sa[5], tot_), [t0_])
+                pt = builder.gep(_data(context, builder, sa[7], tot_), [t0_])
                 _, mstore = _masked(builder, w)
 
-                def emit(builder, at, count, mask, value_at):
+                def emit(builder, at, mask, value_at):
                     acc = cgutils.alloca_once_value(builder, ir.Constant(_vt(w), [0.0] * w))
 
                     def per_row(builder, r):
@@ -594,8 +519,15 @@ def pool_window(kind, stride):
                     _counted_loop(builder, rows_, per_row)
                     builder.call(mstore, [builder.load(acc), _vptr(builder, pt, at, w),
                                           ir.Constant(I32, 4), mask])
-                body(context, builder, px, row_, rows_, cols_, n_, emit)
+                loop_chunks(builder, px, row_, rows_, cols_, col0_, width_, n_, emit)
                 return context.get_dummy_value()
             return sig, codegen
     typer.__name__ = f"pool_window_{kind}_{stride}"
     return intrinsic(typer)
+
+
+def _splat_i64(builder, value, w):
+    vt = ir.VectorType(I64, w)
+    vec = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(vt, ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, w), [0] * w))
