@@ -61,6 +61,7 @@ _mk_b_indirect = simd.microkernel(MR, _NV, b_indirect=True, a_packed=True)
 _mk_a_indirect = simd.microkernel(MR, _NV, True, False)
 _mk_a_indirect_narrow = simd.microkernel(MR_NARROW, _NV_NARROW, True, False)
 _copy, _fill, _add_into, _copy_plus = simd.copy, simd.fill, simd.add_into, simd.copy_plus
+_gather_plus, _scatter_copy = simd.gather_plus, simd.scatter_copy
 _total = simd.total
 _NO_INDEX = numpy.zeros(1, numpy.int64)
 
@@ -206,11 +207,11 @@ def computed_positions(N, OH, OW, Ws, NB, columns):
 
 def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning, in_place=False):
     """Images per chunk (``NB``) for a layer: the candidate of ``tuning.chunk_candidates``
-    with the least estimated time, a micro-kernel position costing ``kernel_dim * M`` fused
-    multiply-adds at ``tuning.gemm_rate`` and each input and output float of :func:`pack` and
-    the write-back ``tuning.copy_cost`` (NB = 1: a plain copy) or ``tuning.interleave_cost``
-    seconds; with ``in_place`` (a 1x1 convolution) NB = 1 packs nothing.
-    ``tuning.images_per_chunk`` forces it."""
+    with the least estimated time. A micro-kernel position costs ``kernel_dim * M`` fused
+    multiply-adds at ``tuning.gemm_rate``; each input float packed costs ``tuning.copy_cost``
+    seconds (none for NB = 1 ``in_place``, a 1x1 convolution); each output float written back
+    ``tuning.copy_cost`` with NB = 1 (vector copies) and ``tuning.interleave_cost`` with more
+    (a gather of every NB-th float). ``tuning.images_per_chunk`` forces it."""
     if tuning.images_per_chunk:
         return max(1, min(N, tuning.images_per_chunk))
     best = None
@@ -219,10 +220,9 @@ def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning, in_place=Fals
             continue
         gemm = computed_positions(N, OH, OW, Ws, nb, columns) * kernel_dim * M * 2
         gemm /= tuning.gemm_rate
-        inputs = 0 if (in_place and nb == 1) else C * (OH + 4) * Ws
-        copies = (inputs + M * OH * OW) * N
-        copies *= tuning.copy_cost if nb == 1 else tuning.interleave_cost
-        cost = gemm + copies
+        inputs = 0 if (in_place and nb == 1) else C * (OH + 4) * Ws * N * tuning.copy_cost
+        outputs = M * OH * OW * N * (tuning.copy_cost if nb == 1 else tuning.interleave_cost)
+        cost = gemm + inputs + outputs
         if best is None or cost < best[0]:
             best = (cost, nb)
     return best[1]
@@ -314,9 +314,8 @@ def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw,
                         src = src0 + m * ld
                         if NB == 1:
                             _copy_plus(y, dst, ws, src, ow_hi - ow_lo, b)
-                            continue
-                        for e in range(ow_hi - ow_lo):
-                            y[numba.uint64(dst + e)] = ws[numba.uint64(src + e * NB)] + b
+                        else:
+                            _gather_plus(y, dst, ws, src, NB, ow_hi - ow_lo, b)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -376,10 +375,7 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
                     row0 = dyt + (e0 + ow_lo * NB + i - lo) * mgv
                     for m in range(Mg):
                         src = ((n * M + g * Mg + m) * OH + oh) * OW
-                        row = row0 + m
-                        for ow in range(ow_lo, ow_hi):
-                            ws[numba.uint64(row)] = dy[numba.uint64(src + ow)]
-                            row += NB * mgv
+                        _scatter_copy(ws, row0 + m, NB * mgv, dy, src + ow_lo, ow_hi - ow_lo)
             base = (nc * G + g) * group_size + s
             for k0 in range(0, kgpad, mr):
                 for m0 in range(0, mgv, nr):

@@ -531,3 +531,78 @@ def _splat_i64(builder, value, w):
     vec = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(I32, 0))
     return builder.shuffle_vector(vec, ir.Constant(vt, ir.Undefined),
                                   ir.Constant(ir.VectorType(I32, w), [0] * w))
+
+
+# ------------------------------------------------------------------------------------------------
+# Strided copies (the interleaved layouts' gathers and scatters)
+# ------------------------------------------------------------------------------------------------
+def _pointers(builder, base, first, stride, w):
+    """<w x float*>: ``base + first + stride * lane`` (element offsets)."""
+    vi64 = ir.VectorType(I64, w)
+    lanes = ir.Constant(vi64, list(range(w)))
+    offsets = builder.add(_splat_i64(builder, first, w),
+                          builder.mul(lanes, _splat_i64(builder, stride, w)))
+    addresses = builder.add(_splat_i64(builder, builder.ptrtoint(base, I64), w),
+                            builder.mul(offsets, ir.Constant(vi64, [4] * w)))
+    return builder.inttoptr(addresses, ir.VectorType(F32.as_pointer(), w))
+
+
+def _strided_codegen(kind, w):
+    """``gather``: ``dst[d0 + e] = src[s0 + stride e] + value``; ``scatter``:
+    ``dst[d0 + stride e] = src[s0 + e]``; for ``e < n``, ``w`` lanes at a time."""
+    def codegen(context, builder, signature, args):
+        sa = signature.args
+        if kind == "gather":
+            dst, d0, src, s0, stride, n, value = args
+        else:
+            dst, d0, stride, src, s0, n = args
+        pd = builder.gep(_data(context, builder, sa[0], dst), [d0])
+        ps = builder.gep(_data(context, builder, sa[2 if kind == "gather" else 3], src), [s0])
+        vt = _vt(w)
+        pt = ir.VectorType(F32.as_pointer(), w)
+        mt = ir.VectorType(ir.IntType(1), w)
+        mload, mstore = _masked(builder, w)
+        gather = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vt, [pt, I32, mt, vt]),
+            f"llvm.masked.gather.v{w}f32.v{w}p0")
+        scatter = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vt, pt, I32, mt]),
+            f"llvm.masked.scatter.v{w}f32.v{w}p0")
+        align = ir.Constant(I32, 4)
+        wc = ir.Constant(I64, w)
+        steps = builder.sdiv(builder.add(n, ir.Constant(I64, w - 1)), wc)
+        zero = ir.Constant(vt, [0.0] * w)
+
+        def body(builder, i):
+            at = builder.mul(i, wc)
+            count = builder.sub(n, at)
+            count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+            mask = _mask(builder, count, w)
+            if kind == "gather":
+                v = builder.call(gather, [_pointers(builder, ps, builder.mul(at, stride), stride,
+                                                    w), align, mask, zero])
+                v = builder.fadd(v, _splat(builder, value, w))
+                builder.call(mstore, [v, _vptr(builder, pd, at, w), align, mask])
+            else:
+                v = builder.call(mload, [_vptr(builder, ps, at, w), align, mask, zero])
+                builder.call(scatter, [v, _pointers(builder, pd, builder.mul(at, stride),
+                                                    stride, w), align, mask])
+        _counted_loop(builder, steps, body)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def gather_plus(typingctx, dst, d0, src, s0, stride, n, value):
+    """``dst[d0 + e] = src[s0 + stride e] + value`` for ``e < n`` (vector gathers)."""
+    i64 = types.int64
+    return (types.void(dst, i64, src, i64, i64, i64, types.float32),
+            _strided_codegen("gather", vector_width()))
+
+
+@intrinsic
+def scatter_copy(typingctx, dst, d0, stride, src, s0, n):
+    """``dst[d0 + stride e] = src[s0 + e]`` for ``e < n`` (vector scatters)."""
+    i64 = types.int64
+    return (types.void(dst, i64, i64, src, i64, i64),
+            _strided_codegen("scatter", vector_width()))
