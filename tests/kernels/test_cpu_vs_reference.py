@@ -113,11 +113,22 @@ def random_pool(rng, method):
     return PoolGeometry(n, c, hw, out, kernel, stride, pad, method)
 
 
+# rows wider than a vector (several chunks per row) and Caffe's common 3x3/2 and global windows
+WIDE_POOLS = [((5, 37), (3, 3), (2, 2), (1, 1)), ((7, 40), (2, 5), (1, 3), (0, 2)),
+              ((16, 16), (3, 3), (2, 2), (0, 0)), ((6, 33), (6, 33), (1, 1), (0, 0))]
+
+
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(25 + len(WIDE_POOLS)))
 def test_pooling_matches_reference_exactly(method, seed):
     rng = numpy.random.default_rng(seed)
-    g = random_pool(rng, caffe_pb2.PoolingParameter.PoolMethod.Value(method))
+    value = caffe_pb2.PoolingParameter.PoolMethod.Value(method)
+    if seed < 25:
+        g = random_pool(rng, value)
+    else:
+        hw, kernel, stride, pad = WIDE_POOLS[seed - 25]
+        out = tuple(pooled_size(*a, True) for a in zip(hw, kernel, stride, pad))
+        g = PoolGeometry(2, 3, hw, out, kernel, stride, pad, value)
     # ties, NaN and -inf are where the first-max rule shows
     x = rng.integers(-3, 4, (g.num, g.channels) + g.in_hw).astype(f32)
     x.reshape(-1)[rng.integers(0, x.size, 2)] = numpy.nan

@@ -27,16 +27,8 @@ FLT_MAX = f32(numpy.finfo(f32).max)
 _max_window1, _max_window2 = simd.pool_window("max", 1), simd.pool_window("max", 2)
 _sum_window1, _sum_window2 = simd.pool_window("sum", 1), simd.pool_window("sum", 2)
 _fill = simd.fill
-
-
-@njit(cache=True, error_model="numpy")
-def _columns(j, pw, sw, W, OW):
-    """The outputs ``[lo, hi)`` whose window column ``j`` (input column ``ow sw - pw + j``)
-    lies inside the input, and that column's offset ``j - pw``."""
-    off = j - pw
-    lo = 0 if off >= 0 else min(OW, (-off + sw - 1) // sw)
-    hi = min(OW, (W - 1 - off) // sw + 1) if W - 1 - off >= 0 else 0
-    return lo, max(lo, hi), off
+_spread = simd.window_spread
+simd_width = simd.vector_width()
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -113,24 +105,38 @@ def ave_forward(x, y, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, 
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def ave_backward(dy, dx, divisor, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t, threads):
-    """``dx`` (planes, H, W) = 0, then ``dy / size`` added over every window, outputs in
-    increasing order (row by row; within a row, window columns last to first)."""
+def ave_backward(dy, dx, divisor, share, planes, H, W, OH, OW, kh, kw, sh, sw, ph, pw, t,
+                 threads):
+    """``dx`` (planes, H, W): Caffe's ``dy / size`` added over every window from 0, outputs in
+    increasing order, each input row summed in registers (:func:`simd.window_spread`) from a
+    plane's ``dy / size`` laid out in ``share``: this part's ``len(share) // threads`` floats,
+    rows of :func:`spread_row` floats, output ``o`` at ``kw + sw o`` and zeros elsewhere."""
+    part = len(share) // threads
+    step = spread_row(W, OW, kw, sw, pw)
+    base = t * part
+    _fill(share, base, part, f32(0))
+    base += kw
+    first = numpy.empty(H, numpy.int64)   # output rows [first, last) hold input row h
+    last = numpy.empty(H, numpy.int64)
+    for h in range(H):
+        first[h] = max(0, (h + ph - kh + sh) // sh)
+        last[h] = max(first[h], min(OH, (h + ph) // sh + 1))
     for p in range(planes * t // threads, planes * (t + 1) // threads):
-        xb = p * H * W
-        _fill(dx, xb, H * W, f32(0))
         for oh in range(OH):
-            hs = oh * sh - ph
-            he = min(hs + kh, H)
-            hs = max(hs, 0)
-            row = (p * OH + oh) * OW
-            for h in range(hs, he):
-                for j in range(kw - 1, -1, -1):
-                    lo, hi, off = _columns(j, pw, sw, W, OW)
-                    base = xb + h * W + off
-                    for o in range(lo, hi):
-                        dx[numba.uint64(base + o * sw)] += (dy[row + o]
-                                                            / divisor[oh * OW + o])
+            for o in range(OW):
+                share[base + oh * step + o * sw] = (dy[(p * OH + oh) * OW + o]
+                                                    / divisor[oh * OW + o])
+        for h in range(H):
+            _spread(dx, (p * H + h) * W, W, share, base + first[h] * step, step,
+                    last[h] - first[h], kw, pw)
+
+
+@njit(cache=True, inline="always")
+def spread_row(W, OW, kw, sw, pw):
+    """Floats per output row in :func:`ave_backward`'s ``share``: ``kw`` zeros, the row's
+    outputs ``sw`` apart, zeros to a whole vector past the input row's last term; a multiple
+    of 16 (a cache line)."""
+    return (kw + max(OW * sw, W + pw) + simd_width + 15) // 16 * 16
 
 
 class PoolPlan:
@@ -150,6 +156,9 @@ class PoolPlan:
         self.is_max = g.method == 0
         self.argmax = numpy.empty(self.planes * g.out_hw[0] * g.out_hw[1], numpy.int32)
         self.divisor = ave_divisors(g.in_hw, g.out_hw, g.kernel, g.stride, g.pad).reshape(-1)
+        # ave_backward's scratch per part: a plane's rows, parts a cache line apart
+        self.share_floats = (g.out_hw[0] * spread_row(g.in_hw[1], g.out_hw[1], g.kernel[1],
+                                                      g.stride[1], g.pad[1]) + 16)
 
     def forward(self, x, y, mask=None):
         if self.is_max:
@@ -166,5 +175,6 @@ class PoolPlan:
             self.team.run(max_backward, dy.reshape(-1), self.argmax, dx.reshape(-1), self.planes,
                           *self.dims)
         else:
-            self.team.run(ave_backward, dy.reshape(-1), dx.reshape(-1), self.divisor,
+            share = numpy.empty(self.team.threads * self.share_floats, f32)
+            self.team.run(ave_backward, dy.reshape(-1), dx.reshape(-1), self.divisor, share,
                           self.planes, *self.dims, *self.window)

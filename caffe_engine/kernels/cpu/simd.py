@@ -17,10 +17,10 @@ geometry guarantees them; the tests compare every caller with the NumPy referenc
 * :func:`copy` ``(dst, d0, src, s0, n)``, :func:`fill` ``(dst, d0, n, value)``,
   :func:`add_into` ``(dst, d0, src, s0, n)`` (``dst += src``), :func:`copy_plus`
   ``(dst, d0, src, s0, n, value)`` (``dst = src + value``): whole vectors, then one masked vector.
-* :func:`copy_runs` and :func:`add_runs` ``(dst, d0, dstep, src, s0, sstep, runs, length)``:
-  ``runs`` rows of ``length`` floats, ``dst`` rows ``dstep`` apart and ``src`` rows ``sstep``
-  apart, copied (``=``) or added (``+=``).
 * :func:`total` ``(src, s0, n)``: a float32 sum in a fixed order (lane-wise, then the lanes).
+* :func:`pool_window` ``(kind, stride)``: MAX or AVE pooling's window for a row of outputs;
+  :func:`window_spread`: AVE pooling's backward for a row of inputs.
+* :func:`gather_plus` and :func:`scatter_copy`: strided copies (vector gathers and scatters).
 """
 import functools
 
@@ -178,61 +178,6 @@ copy = _row_intrinsic("copy")
 fill = _row_intrinsic("fill")
 add_into = _row_intrinsic("add_into")
 copy_plus = _row_intrinsic("copy_plus")
-
-
-def _runs_codegen(kind, w):
-    """``runs`` rows of ``length`` floats: ``dst[d0 + r dstep + i] = src[s0 + r sstep + i]``
-    (``copy``) or ``+=`` (``add``), the tail mask made once for all rows."""
-    def codegen(context, builder, signature, args):
-        dst, d0, dstep, src, s0, sstep, runs, length = args
-        dst_p = builder.gep(_data(context, builder, signature.args[0], dst), [d0])
-        src_p = builder.gep(_data(context, builder, signature.args[3], src), [s0])
-        vt = _vt(w)
-        mload, mstore = _masked(builder, w)
-        align = ir.Constant(I32, 4)
-        wc = ir.Constant(I64, w)
-        whole = builder.sdiv(length, wc)
-        tail_at = builder.mul(whole, wc)
-        rest = builder.sub(length, tail_at)
-        mask = _mask(builder, rest, w)
-        has_tail = builder.icmp_signed(">", rest, ir.Constant(I64, 0))
-
-        def row(builder, r):
-            d = builder.gep(dst_p, [builder.mul(r, dstep)])
-            s = builder.gep(src_p, [builder.mul(r, sstep)])
-
-            def vec(builder, i):
-                off = builder.mul(i, wc)
-                v = builder.load(_vptr(builder, s, off, w), align=4)
-                p = _vptr(builder, d, off, w)
-                if kind == "add":
-                    v = builder.fadd(builder.load(p, align=4), v)
-                builder.store(v, p, align=4)
-            _counted_loop(builder, whole, vec)
-            with builder.if_then(has_tail):
-                zero = ir.Constant(vt, [0.0] * w)
-                v = builder.call(mload, [_vptr(builder, s, tail_at, w), align, mask, zero])
-                p = _vptr(builder, d, tail_at, w)
-                if kind == "add":
-                    v = builder.fadd(builder.call(mload, [p, align, mask, zero]), v)
-                builder.call(mstore, [v, p, align, mask])
-        _counted_loop(builder, runs, row)
-        return context.get_dummy_value()
-    return codegen
-
-
-def _runs_intrinsic(kind):
-    w = vector_width()
-
-    def typer(typingctx, dst, d0, dstep, src, s0, sstep, runs, length):
-        i64 = types.int64
-        return (types.void(dst, i64, i64, src, i64, i64, i64, i64), _runs_codegen(kind, w))
-    typer.__name__ = f"simd_{kind}_runs"
-    return intrinsic(typer)
-
-
-copy_runs = _runs_intrinsic("copy")
-add_runs = _runs_intrinsic("add")
 
 
 def _total_codegen(w):
@@ -549,7 +494,8 @@ def _pointers(builder, base, first, stride, w):
 
 def _strided_codegen(kind, w):
     """``gather``: ``dst[d0 + e] = src[s0 + stride e] + value``; ``scatter``:
-    ``dst[d0 + stride e] = src[s0 + e]``; for ``e < n``, ``w`` lanes at a time."""
+    ``dst[d0 + stride e] = src[s0 + e]`` (``stride >= 1``: no two lanes share an address); for
+    ``e < n``, ``w`` lanes at a time."""
     def codegen(context, builder, signature, args):
         sa = signature.args
         if kind == "gather":
@@ -585,8 +531,8 @@ def _strided_codegen(kind, w):
                 builder.call(mstore, [v, _vptr(builder, pd, at, w), align, mask])
             else:
                 v = builder.call(mload, [_vptr(builder, ps, at, w), align, mask, zero])
-                builder.call(scatter, [v, _pointers(builder, pd, builder.mul(at, stride),
-                                                    stride, w), align, mask])
+                where = _pointers(builder, pd, builder.mul(at, stride), stride, w)
+                builder.call(scatter, [v, where, align, mask])
         _counted_loop(builder, steps, body)
         return context.get_dummy_value()
     return codegen
@@ -606,3 +552,54 @@ def scatter_copy(typingctx, dst, d0, stride, src, s0, n):
     i64 = types.int64
     return (types.void(dst, i64, i64, src, i64, i64),
             _strided_codegen("scatter", vector_width()))
+
+
+# ------------------------------------------------------------------------------------------------
+# AVE pooling's backward: the windows over an input row
+# ------------------------------------------------------------------------------------------------
+@intrinsic
+def window_spread(typingctx, dst, d0, n, src, s0, sstep, rows, cols, shift):
+    """AVE pooling's backward for one input row, summed in registers and stored once.
+
+    ``window_spread(dst, d0, n, src, s0, sstep, rows, cols, shift)`` sets, for ``c < n``,
+    ``dst[d0 + c]`` to the sum from ``+0`` of ``src[s0 + r sstep + c + shift - j]`` over ``r <
+    rows`` (increasing) and ``j`` from ``cols - 1`` down to 0. With ``src``'s rows holding one
+    output row of ``dy / size`` each, output ``o`` at ``stride * o`` and zeros between, that is
+    Caffe's order of additions into an input cell (outputs in increasing order, from 0); the
+    zeros leave a sum started from ``+0`` unchanged. Whole vector loads: ``src`` must be
+    readable ``cols - 1`` floats before each row's first term and a vector past its last.
+    """
+    w = vector_width()
+    i64 = types.int64
+    sig = types.void(dst, i64, i64, src, i64, i64, i64, i64, i64)
+
+    def codegen(context, builder, signature, args):
+        dst_, d0_, n_, src_, s0_, sstep_, rows_, cols_, shift_ = args
+        sa = signature.args
+        pd = builder.gep(_data(context, builder, sa[0], dst_), [d0_])
+        ps = builder.gep(_data(context, builder, sa[3], src_), [s0_])
+        _, mstore = _masked(builder, w)
+        wc = ir.Constant(I64, w)
+        last = builder.sub(cols_, ir.Constant(I64, 1))
+        steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
+
+        def chunk(builder, i):
+            c0 = builder.mul(i, wc)
+            count = builder.sub(n_, c0)
+            count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_vt(w), [0.0] * w))
+            start = builder.add(c0, builder.sub(shift_, last))
+
+            def per_row(builder, r):
+                row = builder.gep(ps, [builder.add(builder.mul(r, sstep_), start)])
+
+                def per_col(builder, k):   # j = cols - 1 - k
+                    term = builder.load(_vptr(builder, row, k, w), align=4)
+                    builder.store(builder.fadd(builder.load(acc), term), acc)
+                _counted_loop(builder, cols_, per_col)
+            _counted_loop(builder, rows_, per_row)
+            builder.call(mstore, [builder.load(acc), _vptr(builder, pd, c0, w),
+                                  ir.Constant(I32, 4), _mask(builder, count, w)])
+        _counted_loop(builder, steps, chunk)
+        return context.get_dummy_value()
+    return sig, codegen
