@@ -53,7 +53,7 @@ class CpuKernels(ReferenceKernels):
     def retune(self, tuning):
         """Use ``tuning`` (and a team of its ``threads``) for the plans made from now on."""
         self.tuning = tuning
-        self.team = Team(tuning.threads)
+        self.team = Team(tuning.threads, tuning.handoff_spin)
 
     def matmul(self, a, b, c, accumulate=False, trans_a=False, trans_b=False):
         gemm.product(a, b, c, accumulate, self.tuning, self.workspace, self.team, trans_a,

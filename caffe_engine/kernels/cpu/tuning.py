@@ -45,6 +45,8 @@ class CpuTuning:
             convolution of the top diff with the flipped filters), "col2im" (W^T dy, then
             the scattered adds), or "auto" (the cheaper by :func:`.conv.flip_pays`).
         gemm_kc: rows of B per packed slice in InnerProduct's GEMM (:mod:`.gemm`).
+        handoff_spin: seconds a thread of the team polls for the next hand-off before it
+            sleeps (:mod:`.team`; 0: sleep at once).
     """
 
     threads: int = 1
@@ -58,6 +60,7 @@ class CpuTuning:
     interleave_cost: float = 1.4e-9
     backward_data: str = "auto"
     gemm_kc: int = 1024
+    handoff_spin: float = 100e-6
 
     @classmethod
     def from_environment(cls):
