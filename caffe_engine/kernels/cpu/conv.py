@@ -110,6 +110,8 @@ def pack(x, xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
                         src = (n * C + c) * plane + h * W + lo * sw + b - pw
                         if NB == 1 and sw == 1:
                             _copy(xt, dst, x, src, hi - lo)
+                        elif sw == 1:
+                            _scatter_copy(xt, dst, NB, x, src, hi - lo)
                         else:
                             for e in range(hi - lo):
                                 xt[numba.uint64(dst + e * NB)] = x[numba.uint64(src + e * sw)]
@@ -132,10 +134,15 @@ def unpack(xt, x, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
                 if NB == 1 and sw == 1:
                     _copy(x, dst, xt, ((job * sh + a) * Hs + r) * Ws + pw, W)
                     continue
-                for w in range(W):
-                    b = (w + pw) % sw
-                    src = ((((job * sh + a) * sw + b) * Hs + r) * Ws + (w + pw) // sw) * NB
-                    x[numba.uint64(dst + w)] = xt[numba.uint64(src + i)]
+                if sw == 1:
+                    _gather_plus(x, dst, xt, (((job * sh + a) * Hs + r) * Ws + pw) * NB + i, NB,
+                                 W, f32(-0.0))   # + (-0) leaves every float as it is
+                    continue
+                for b in range(sw):   # the columns w = w0 + sw e of phase b
+                    w0 = (b - pw) % sw
+                    src = ((((job * sh + a) * sw + b) * Hs + r) * Ws + (w0 + pw) // sw) * NB + i
+                    for e in range((W - w0 + sw - 1) // sw):
+                        x[numba.uint64(dst + w0 + sw * e)] = xt[numba.uint64(src + NB * e)]
 
 
 def pack_panels(a, out):
