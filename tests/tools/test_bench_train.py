@@ -59,3 +59,26 @@ def test_write_nets_gives_a_net_caffe_time_can_run(tmp_path):
     assert again.returncode == 1
     assert again.stderr.strip().count("\n") == 0 and "already holds" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def _fake_caffe(tmp_path, body):
+    """An executable standing in for BVLC Caffe's binary: runs ``body`` (sh) with its args."""
+    path = tmp_path / "caffe"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_caffe_bin_column_reads_caffe_times_average_forward_backward(tmp_path):
+    # Caffe's tools/caffe.cpp time() logs these three lines through glog (stderr).
+    fake = _fake_caffe(tmp_path, 'test "$1" = time && test -f "$3" || exit 3\n'
+                       'echo "I1202 caffe.cpp:417] Average Forward pass: 40.5 ms." >&2\n'
+                       'echo "I1202 caffe.cpp:419] Average Backward pass: 80.25 ms." >&2\n'
+                       'echo "I1202 caffe.cpp:421] Average Forward-Backward: 121.75 ms." >&2')
+    assert bench_train.caffe_time_ms(fake, "lenet", 2, 1) == 121.75
+
+
+def test_caffe_bin_failure_gives_no_figure_and_says_why(tmp_path, capsys):
+    fake = _fake_caffe(tmp_path, 'echo "F1202 net.cpp:44] Unknown layer type: Foo" >&2; exit 1')
+    assert bench_train.caffe_time_ms(fake, "lenet", 2, 1) is None
+    assert "Unknown layer type: Foo" in capsys.readouterr().err
