@@ -104,13 +104,18 @@ def check_run(case, run, m, ref):
         assert m["clipping_equal_until_divergence"], f"{where}: clipping iterations differ"
     if "iter0_rel" in m:
         assert m["iter0_rel"] < 1e-5, f"{where}: iteration 0 loss off by {m['iter0_rel']:.2g}"
-    # Early iterations: within 1e-4 as long as Caffe's own variants are.
-    bounds = [m[f"{v}_first_loss_above_1e-4"] for v in ("blas_order_variant", "blas_threads_variant")]
-    bounds = [b for b in bounds if b is not None]
-    bound = min(bounds) if bounds else ref["max_iter"] + 1
-    first = m["first_loss_above_1e-4"]
-    assert first is None or first >= bound, \
-        f"{where}: loss left 1e-4 of Caffe's at iteration {first}, Caffe's variants at {bound}"
+    # Early iterations, the reproducibility rule (docs/reproducibility.md, issue 13): the loss
+    # stays within 1e-4 of Caffe's at least half as long as Caffe stays within 1e-4 of its own
+    # earlier variant (100 iterations, or the whole run, where neither variant leaves). A new
+    # summation order may move the divergence point, not beyond that.
+    for series in ("loss", "smoothed"):
+        bounds = [m[f"{v}_first_{series}_above_1e-4"]
+                  for v in ("blas_order_variant", "blas_threads_variant")]
+        bounds = [b for b in bounds if b is not None]
+        bound = min(bounds) / 2 if bounds else min(100, ref["max_iter"] + 1)
+        first = m[f"first_{series}_above_1e-4"]
+        assert first is None or first >= bound, \
+            f"{where}: {series} loss left 1e-4 of Caffe's at iteration {first}, need >= {bound}"
     # Later: statistically.
     variants = [m[f"{v}_smoothed_rel_max"] or 0 for v in ("blas_order_variant", "blas_threads_variant")]
     assert m["max_rel_smoothed"] <= max(0.03, 1.25 * max(variants)), \
