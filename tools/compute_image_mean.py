@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""compute_image_mean: the mean image of an LMDB of Datum records, as a ``.binaryproto``.
+"""compute_image_mean: the mean image of an LMDB or LevelDB of Datum records, as a ``.binaryproto``.
 
 Usage: python tools/compute_image_mean.py --help
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""convert_imageset: a list of images and labels -> an LMDB of Caffe ``Datum`` records.
+"""convert_imageset: a list of images and labels -> an LMDB or LevelDB of Caffe ``Datum`` records.
 
 Usage: python tools/convert_imageset.py --help
 

@@ -10,7 +10,9 @@ the cursor's life (call :meth:`LMDBCursor.close` or let it be collected). Cursor
 share its environment (Python's lmdb allows one per process) and each has its own read transaction.
 
 :func:`write_lmdb` writes ``(key, value)`` pairs into a new database (used by the tools that convert
-datasets, e.g. ``tools/create_mnist.py``).
+datasets, e.g. ``tools/create_mnist.py``); :class:`LMDBWriter` streams them in transactions of
+1,000 (convert_imageset, extract_features, convert_db). :mod:`caffe_engine.io.db` chooses between
+this backend and LevelDB's (:mod:`caffe_engine.io.leveldb_source`), which has the same interface.
 """
 import logging
 import os
@@ -39,6 +41,9 @@ def _open_env(path, readonly=True, map_size=10 * 1024 * 1024):
         raise CaffeError(f"cannot open LMDB '{path}': no such file or directory")
     # Caffe opens the directory holding data.mdb; a path to a data file is accepted too.
     subdir = not os.path.isfile(path)
+    if readonly and subdir and not os.path.exists(os.path.join(path, "data.mdb")) \
+            and os.path.isfile(os.path.join(path, "CURRENT")):
+        raise CaffeError(f"'{path}' is a LevelDB, not an LMDB (use the LEVELDB backend)")
     try:
         return lmdb.open(path, readonly=readonly, lock=False, readahead=False, subdir=subdir,
                          map_size=map_size, create=not readonly, max_dbs=0)
@@ -134,6 +139,15 @@ class LMDBCursor:
         """Go back to the first record (``offset`` is kept, as in Caffe)."""
         self._cursor.first()
 
+    def seek(self, key):
+        """Position on the record ``key`` (bytes); False, and the position unchanged, if the
+        database has no such key. ``offset`` is not changed."""
+        current = self._cursor.key()
+        if self._cursor.set_key(bytes(key)):
+            return True
+        self._cursor.set_key(current)
+        return False
+
     def close(self):
         """End the read transaction and release the environment (idempotent)."""
         txn, self._txn = getattr(self, "_txn", None), None
@@ -162,6 +176,24 @@ def read_all(path):
     try:
         with env.begin(buffers=False) as txn:
             return list(txn.cursor())
+    finally:
+        _release_env(key)
+
+
+def iter_items(path):
+    """``(key, value)`` bytes pairs of the LMDB at ``path`` in key order, one at a time (in one
+    read transaction).
+
+    Raises:
+        CaffeError: the path is missing, is not an LMDB or cannot be read.
+    """
+    lmdb = _lmdb()
+    key, env = _acquire_env(str(path))
+    try:
+        with env.begin(buffers=False) as txn:
+            yield from txn.cursor()
+    except lmdb.Error as exc:
+        raise CaffeError(f"cannot read LMDB '{path}': {exc}") from None
     finally:
         _release_env(key)
 
@@ -201,3 +233,74 @@ def write_lmdb(path, items, map_size=None):
     finally:
         env.close()
     return len(items)
+
+
+class LMDBWriter:
+    """Put records into a new LMDB, committing every ``commit_every`` puts (as Caffe's tools:
+    tools/convert_imageset.cpp, extract_features.cpp; the transaction of src/caffe/util/db_lmdb.cpp).
+
+    The map grows by doubling when it fills (the pending records are written again).
+
+    Args:
+        path: the directory to create; it must not exist (Caffe's ``db::NEW``).
+        commit_every: records per write transaction.
+        map_size: the first map size in bytes.
+
+    Attributes:
+        path, count (records put so far).
+
+    Raises:
+        CaffeError: the path exists or LMDB fails.
+    """
+
+    def __init__(self, path, commit_every=1000, map_size=1 << 28):
+        lmdb = self._lmdb = _lmdb()
+        self.path = str(path)
+        if os.path.exists(self.path):
+            raise CaffeError(f"cannot create LMDB '{self.path}': it already exists")
+        os.makedirs(self.path)
+        try:
+            self.env = lmdb.open(self.path, map_size=map_size, subdir=True, lock=True)
+        except lmdb.Error as exc:
+            raise CaffeError(f"cannot create LMDB '{self.path}': {exc}") from None
+        self.commit_every = commit_every
+        self.pending = []
+        self.count = 0
+
+    def put(self, key, value):
+        """Add ``value`` (bytes) under ``key`` (bytes); commits every ``commit_every`` puts."""
+        self.pending.append((key, value))
+        self.count += 1
+        if len(self.pending) >= self.commit_every:
+            self.commit()
+
+    def commit(self):
+        """Write the pending records in one transaction (growing the map when it is full)."""
+        lmdb = self._lmdb
+        while self.pending:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in self.pending:
+                        txn.put(key, value)
+                self.pending = []
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                raise CaffeError(f"cannot write LMDB '{self.path}': {exc}") from None
+
+    def close(self):
+        """Commit what is pending and close the environment (idempotent)."""
+        env = getattr(self, "env", None)
+        if env is None:
+            return
+        try:
+            self.commit()
+        finally:
+            self.env = None
+            env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

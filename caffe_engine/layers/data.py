@@ -175,15 +175,15 @@ def _synced(name, doc, on_read=True):
 
 @register("Data")
 class DataLayer(Layer):
-    """Batches of ``Datum`` records read from an LMDB in key order, wrapping at the end.
+    """Batches of ``Datum`` records from an LMDB or a LevelDB, in key order, wrapping at the end.
 
     Tops: ``data`` (N, C, H, W) float32, the transformed records; optional ``label`` (N,) float32.
     N is ``batch_size``; C, H, W come from the first record (and ``crop_size``).
 
     Prototxt fields read:
-        data_param.source: the LMDB directory (relative to the working directory).
+        data_param.source: the database folder (relative to the working directory).
         data_param.batch_size: records per batch (required, > 0).
-        data_param.backend: must be LMDB (the proto default, LEVELDB, is rejected).
+        data_param.backend: LEVELDB (the proto default) or LMDB; see :mod:`caffe_engine.io.db`.
         data_param.prefetch: batches a background thread loads ahead (default 4, as Caffe);
             0 loads each batch in ``forward`` on the caller's thread.
         data_param.rand_skip: deprecated in Caffe's DataLayer, which ignores it; ignored here too.
@@ -205,12 +205,13 @@ class DataLayer(Layer):
         solver_count, solver_rank: with several solvers each TRAIN instance keeps the records whose
             running offset ``% solver_count == solver_rank`` (Caffe's ``Skip``); default 1, 0.
         thread_seed: the word drawn for the prefetch thread's own stream.
-        cursor, transformer: the LMDB cursor and the DataTransformer, positioned after the
-            last batch forwarded.
+        cursor, transformer: the database cursor (LMDBCursor or LevelDBCursor) and the
+            DataTransformer, positioned after the last batch forwarded.
 
     Raises:
-        CaffeError naming the layer: backend not LMDB, missing/unreadable/empty source, batch_size
-        0, a bad record or transformation parameter (from ``forward`` when prefetched).
+        CaffeError naming the layer: a missing/unreadable/corrupt/empty source or one of the other
+        backend, batch_size 0, a bad record or transformation parameter (from ``forward`` when
+        prefetched).
 
     Caffe: src/caffe/layers/data_layer.cpp, base_data_layer.cpp
     """
@@ -222,18 +223,16 @@ class DataLayer(Layer):
 
     def __init__(self, param, phase):
         super().__init__(param, phase)
-        from ..io.lmdb_source import LMDBCursor
+        from ..io.db import backend_name, open_db
         dp = param.data_param
-        if dp.backend != caffe_pb2.DataParameter.LMDB:
-            unset = "" if dp.HasField("backend") else " (the default when unset)"
-            raise self.error(f"data_param.backend is LEVELDB{unset}; only LMDB is supported "
-                             "(set backend: LMDB)")
+        backend = backend_name(dp.backend)
         # Caffe opens the database in the layer's constructor ("Opened lmdb ..." precedes setup).
         try:
-            self._cursor = LMDBCursor(dp.source)
+            self._cursor = open_db(dp.source, backend)
         except CaffeError as exc:
-            raise self.error(f"data_param.source: {exc}") from None
-        logger.info("Opened lmdb %s", dp.source)
+            unset = "" if dp.HasField("backend") else ", the default when unset"
+            raise self.error(f"data_param.source (backend {backend.upper()}{unset}): {exc}") from None
+        logger.info("Opened %s %s", backend, dp.source)
         self.batch_size = int(dp.batch_size)
         self.prefetch = int(dp.prefetch)
         self._solver_count = 1
@@ -243,7 +242,7 @@ class DataLayer(Layer):
         self.thread_seed = None
 
     # -- state the prefetch thread advances: reading it stops the thread and rewinds --------------
-    cursor = _synced("cursor", "The LMDBCursor; reading or setting it stops prefetching.")
+    cursor = _synced("cursor", "The database cursor; reading or setting it stops prefetching.")
     transformer = _synced("transformer", "The DataTransformer; reading or setting it stops "
                                          "prefetching.")
     solver_count = _synced("solver_count", "Ranks sharing the records; setting it stops "
@@ -268,7 +267,7 @@ class DataLayer(Layer):
 
     def _rewind(self, state):
         offset, key, rng, last_params = state
-        if not self._cursor._cursor.set_key(key):
+        if not self._cursor.seek(key):
             raise self.error(f"cannot rewind the prefetched cursor to record {key!r}")
         self._cursor.offset = offset
         self._transformer.rng = rng

@@ -108,8 +108,7 @@ def _set_cursor_state(cursor, state, where):
         cursor.set_position(state["api"])
         return
     key = base64.b64decode(state["key"])
-    inner = getattr(cursor, "_cursor", None)
-    if inner is None or not inner.set_key(key):
+    if not cursor.seek(key):
         raise CaffeError(f"exact_resume: {where}: record '{key!r}' not found in '{cursor.path}' "
                          "(was the database changed?)")
     cursor.offset = int(state["offset"])

@@ -1,4 +1,4 @@
-"""compute_image_mean: the mean image of an LMDB of Datum records, as a ``.binaryproto``.
+"""compute_image_mean: the mean image of an LMDB or LevelDB of Datum records, as a ``.binaryproto``.
 
 Caffe: tools/compute_image_mean.cpp.
 
@@ -10,6 +10,7 @@ As Caffe: every record (encoded ones decoded with their own channels) is added, 
 into a float32 running sum per element; the mean is ``sum / count`` in float32, written as a
 BlobProto with the legacy shape ``num=1, channels, height, width``. The per-channel means are
 logged (``mean_value channel [c]: ...``). Records must all have the first one's size.
+``--backend`` ``lmdb`` (default) or ``leveldb``.
 """
 import sys
 
@@ -21,16 +22,18 @@ PROG = "compute_image_mean"
 
 
 def build_parser():
-    p = Parser(prog=PROG, description="Compute the mean_image of a set of images given by an lmdb.")
-    p.add_argument("input_db", metavar="INPUT_DB", help="LMDB of Datum records")
+    p = Parser(prog=PROG, description="Compute the mean_image of a set of images given by a "
+               "leveldb/lmdb.")
+    p.add_argument("input_db", metavar="INPUT_DB", help="LMDB or LevelDB of Datum records")
     p.add_argument("output_file", metavar="OUTPUT_FILE", nargs="?",
                    help="where to write the mean (.binaryproto); omitted: only log it")
-    p.add_argument("--backend", default="lmdb", help="the backend containing the images (lmdb)")
+    p.add_argument("--backend", default="lmdb",
+                   help="the backend {lmdb, leveldb} containing the images (default lmdb)")
     return p
 
 
-def compute_mean(input_db, log=None):
-    """The mean of the Datum records of ``input_db``.
+def compute_mean(input_db, log=None, backend="lmdb"):
+    """The mean of the Datum records of ``input_db`` (a database of ``backend``).
 
     Returns:
         float32 array (C, H, W).
@@ -39,12 +42,12 @@ def compute_mean(input_db, log=None):
         ToolError / CaffeError: unreadable or empty DB, a record of another size.
     """
     from ..io.arrays import decode_datum
-    from ..io.lmdb_source import LMDBCursor
+    from ..io.db import open_db
     from ..log import logger
     from ..proto import caffe_pb2
     log = log or logger
     total = None
-    with LMDBCursor(str(input_db)) as cursor:
+    with open_db(str(input_db), backend) as cursor:
         n = len(cursor)
         for i in progress(range(n), total=n, desc=PROG, unit="img"):
             if i:
@@ -78,12 +81,12 @@ def compute_mean(input_db, log=None):
 
 def _main(argv):
     args = build_parser().parse_args(argv)
-    if args.backend != "lmdb":
-        raise ToolError(f"unknown or unsupported --backend '{args.backend}' (this engine reads lmdb)")
+    from ..io.db import backend_name
+    backend = backend_name(args.backend)
     start_logging()
     from ..io.blobproto import write_blobproto
     from ..log import g, logger
-    mean = compute_mean(args.input_db)
+    mean = compute_mean(args.input_db, backend=backend)
     if args.output_file:
         logger.info("Write to %s", args.output_file)
         write_blobproto(args.output_file, mean[None], legacy=True)

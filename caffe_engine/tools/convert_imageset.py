@@ -1,4 +1,4 @@
-"""convert_imageset: a list of images and labels -> an LMDB of Caffe ``Datum`` records.
+"""convert_imageset: a list of images and labels -> an LMDB or LevelDB of Caffe ``Datum`` records.
 
 Caffe: tools/convert_imageset.cpp, src/caffe/util/io.cpp (``ReadImageToDatum``,
 ``CVMatToDatum``, ``ReadFileToDatum``).
@@ -14,30 +14,32 @@ Datum (C, H, W bytes, ``label``) under the key ``%08d_<path>`` of its line numbe
 ``--encoded`` the Datum holds the compressed file instead (the file's own bytes when it needs no
 change, else re-encoded as ``--encode_type``), as Caffe's. Images that cannot be read are
 logged and skipped. ``--shuffle`` shuffles the lines first with Caffe's ``shuffle`` over a
-mt19937 stream seeded by ``--seed`` (default: from the clock, as Caffe's is).
+mt19937 stream seeded by ``--seed`` (default: from the clock, as Caffe's is). ``--backend``
+``lmdb`` (default) or ``leveldb``; records are committed 1,000 at a time, as Caffe's.
 """
 import io
 import os
 import sys
 import time
 
-from ._common import LMDBWriter, Parser, ToolError, add_bool, progress, run, start_logging
+from ._common import Parser, ToolError, add_bool, progress, run, start_logging
 
 PROG = "convert_imageset"
 
 
 def build_parser():
-    p = Parser(prog=PROG, description="Convert a set of images to the lmdb format used as input "
-               "for Caffe.", epilog="Example: convert_imageset --resize_height=32 "
+    p = Parser(prog=PROG, description="Convert a set of images to the leveldb/lmdb format used "
+               "as input for Caffe.", epilog="Example: convert_imageset --resize_height=32 "
                "--resize_width=32 --shuffle --seed=1 images/ list.txt train_lmdb")
     p.add_argument("root_folder", metavar="ROOTFOLDER/", help="folder the LISTFILE paths are relative to")
     p.add_argument("list_file", metavar="LISTFILE", help="lines 'path label'")
-    p.add_argument("db_name", metavar="DB_NAME", help="LMDB directory to create (must not exist)")
+    p.add_argument("db_name", metavar="DB_NAME", help="database folder to create (must not exist)")
     add_bool(p, "gray", "treat images as grayscale ones")
     add_bool(p, "shuffle", "randomly shuffle the order of images and their labels")
     p.add_argument("--seed", type=int, default=None,
                    help="random seed of --shuffle (default: from the clock)")
-    p.add_argument("--backend", default="lmdb", help="the backend for storing the result (lmdb)")
+    p.add_argument("--backend", default="lmdb",
+                   help="the backend {lmdb, leveldb} for storing the result (default lmdb)")
     p.add_argument("--resize_width", type=int, default=0, help="width images are resized to")
     p.add_argument("--resize_height", type=int, default=0, help="height images are resized to")
     add_bool(p, "check_size", "check that all the datum have the same size")
@@ -95,7 +97,7 @@ def image_to_datum(path, label, height, width, is_color, encoding):
     """
     import numpy
     from ..errors import CaffeError
-    from ..layers.image_data import read_image_resized
+    from ..io.images import read_image_resized
     from ..proto import caffe_pb2
     try:
         image = read_image_resized(path, height, width, is_color)
@@ -121,18 +123,18 @@ def image_to_datum(path, label, height, width, is_color, encoding):
 def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=None,
             resize_height=0, resize_width=0, check_size=False, encoded=False, encode_type="",
             backend="lmdb", log=None):
-    """Write the LMDB (see the module docstring); returns the number of records written.
+    """Write the database (see the module docstring); returns the number of records written.
 
     Raises:
-        ToolError: an unknown backend, an unreadable list, an existing DB_NAME, a size mismatch
-            with ``check_size``, an unknown encoding.
+        CaffeError / ToolError: an unknown backend, an unreadable list, an existing DB_NAME, a size
+            mismatch with ``check_size``, an unknown encoding.
     """
     from ..log import logger
     from ..layers.image_data import caffe_shuffle
     from ..rng import CaffeRNG
+    from ..io.db import backend_name, open_writer
     log = log or logger
-    if backend != "lmdb":
-        raise ToolError(f"unknown or unsupported --backend '{backend}' (this engine writes lmdb)")
+    backend = backend_name(backend)
     lines = read_list(list_file)
     if shuffle:
         log.info("Shuffling data")
@@ -144,7 +146,7 @@ def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=Non
         log.info("encode_type specified, assuming encoded=true.")
     encoded = encoded or bool(encode_type)
     resize_height, resize_width = max(0, resize_height), max(0, resize_width)
-    writer = LMDBWriter(db_name)
+    writer = open_writer(db_name, backend)
     size = None
     count = 0
     try:

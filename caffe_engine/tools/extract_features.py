@@ -12,28 +12,30 @@ The net is built in TEST phase from FEATURE_EXTRACTION_PROTO (which reads its ow
 a Data layer) with the weights of PRETRAINED_NET_PARAM (``.caffemodel`` or ``.h5``). Each
 forward pass adds one record per item of each named blob:
 
-* DB_TYPE ``lmdb``: a Datum with ``float_data`` = the item's values and ``channels``,
-  ``height``, ``width`` = the blob's legacy C, H, W, under the key ``%010d`` of the item index;
+* DB_TYPE ``lmdb`` or ``leveldb``: a Datum with ``float_data`` = the item's values and
+  ``channels``, ``height``, ``width`` = the blob's legacy C, H, W, under the key ``%010d`` of the
+  item index (committed 1,000 records at a time, as Caffe's);
 * DB_TYPE ``npy``: a float32 ``.npy`` file of shape (NUM_MINI_BATCHES * N, ...) per blob.
 """
 import sys
 
 import numpy
 
-from ._common import LMDBWriter, Parser, ToolError, progress, run, start_logging
+from ..errors import CaffeError
+from ._common import Parser, ToolError, progress, run, start_logging
 
 PROG = "extract_features"
 
 
 def build_parser():
     p = Parser(prog=PROG, description="Extract features of named blobs of a pretrained net over "
-               "mini-batches of its own input, into LMDBs of Datum or .npy files.")
+               "mini-batches of its own input, into LMDBs/LevelDBs of Datum or .npy files.")
     p.add_argument("pretrained_net_param", help=".caffemodel (or .caffemodel.h5) weights")
     p.add_argument("feature_extraction_proto", help="net prototxt (built in TEST phase)")
     p.add_argument("blob_names", help="comma-separated blob names, e.g. fc7,fc8")
-    p.add_argument("dataset_names", help="comma-separated output LMDB directories or .npy files")
+    p.add_argument("dataset_names", help="comma-separated output database folders or .npy files")
     p.add_argument("num_mini_batches", type=int, help="number of forward passes")
-    p.add_argument("db_type", help="lmdb or npy")
+    p.add_argument("db_type", help="lmdb, leveldb or npy")
     p.add_argument("mode", nargs="?", default="CPU", choices=["CPU", "GPU"], help="CPU (default) or GPU")
     p.add_argument("device_id", nargs="?", type=int, default=0, help="GPU device id (default 0)")
     return p
@@ -54,13 +56,23 @@ def extract(weights, proto, blob_names, dataset_names, num_mini_batches, db_type
                         f"({len(dataset_names)}) must be equal")
     if num_mini_batches < 0:
         raise ToolError(f"num_mini_batches must be non-negative, got {num_mini_batches}")
-    if db_type not in ("lmdb", "npy"):
-        raise ToolError(f"unknown or unsupported DB_TYPE '{db_type}' (lmdb or npy)")
+    if db_type not in ("lmdb", "leveldb", "npy"):
+        raise ToolError(f"unknown or unsupported DB_TYPE '{db_type}' (lmdb, leveldb or npy)")
     net = Net(proto, TEST, weights=weights)
     for name in blob_names:
         if name not in net.blobs:
             raise ToolError(f"Unknown feature blob name {name} in the network {proto}")
-    writers = [LMDBWriter(path) for path in dataset_names] if db_type == "lmdb" else None
+    from ..io.db import open_writer
+    writers = None
+    if db_type != "npy":
+        writers = []
+        try:
+            for path in dataset_names:
+                writers.append(open_writer(path, db_type))
+        except CaffeError:
+            for writer in writers:
+                writer.close()
+            raise
     collected = {name: [] for name in blob_names}
     counts = {name: 0 for name in blob_names}
     from ..backend import to_numpy

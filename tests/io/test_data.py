@@ -437,10 +437,12 @@ def test_not_an_lmdb_and_empty_lmdb(tmp_path):
         data_layer(tmp_path / "empty", 4)
 
 
-def test_leveldb_backend_rejected():
+def test_default_leveldb_backend_on_an_lmdb_source():
+    """backend unset is LEVELDB (Caffe's default): an LMDB source is named as the mismatch
+    (tests/io/test_leveldb.py has the LevelDB backend itself)."""
     param = layer_param(f'name: "d" type: "Data" top: "data" '
                         f'data_param {{ source: "{MNIST / "mnist_train_lmdb"}" batch_size: 4 }}')
-    with pytest.raises(CaffeError, match="only LMDB is supported"):
+    with pytest.raises(CaffeError, match="is an LMDB, not a LevelDB"):
         create_layer(param, caffe_pb2.TRAIN)
 
 

@@ -149,8 +149,8 @@ def test_convert_imageset_errors(tmp_path, capsys):
     (tmp_path / "bad.txt").write_text("pic00.png seven\n")
     status, _, err = run_tool(convert_imageset, [root, tmp_path / "bad.txt", tmp_path / "c"], capsys)
     assert status == 1 and "bad.txt:1: expected 'path label'" in err
-    status, _, err = run_tool(convert_imageset, ["--backend=leveldb", root, list_file, tmp_path / "d"], capsys)
-    assert status == 1 and err.count("\n") == 1
+    status, _, err = run_tool(convert_imageset, ["--backend=rocksdb", root, list_file, tmp_path / "d"], capsys)
+    assert status == 1 and err.count("\n") == 1 and "unknown database backend" in err
     status, _, err = run_tool(compute_image_mean, [tmp_path / "nothing"], capsys)
     assert status == 1 and err.startswith("compute_image_mean: error:") and err.count("\n") == 1
 
