@@ -18,6 +18,7 @@ bucket size (default 25) and ``--debug_sync`` checks after every update that all
 bitwise identical weights. A failure on one rank ends every rank (``comm/distributed.py``).
 Without a launcher, or with one process, training is exactly the one-process run.
 """
+import logging
 import sys
 import time
 
@@ -25,7 +26,7 @@ import numpy
 
 from . import backend
 from .errors import CaffeError
-from .log import g, logger, setup_logging
+from .log import g, init_glog, log_to_files, logger
 
 USAGE = """caffe: command line brew
 usage: caffe <command> <args>
@@ -86,7 +87,18 @@ FLAGS = {
     "comm": (str, "tree"),
     "bucket_mb": (float, 25.0),
     "debug_sync": (bool, False),
+    # glog's flags, which Caffe's gflags parse too (None: not given; GLOG_<flag> and the
+    # defaults of caffe_engine.log.init_glog apply).
+    "log_dir": (str, None),
+    "logtostderr": (bool, None),
+    "alsologtostderr": (bool, None),
+    "stderrthreshold": (int, None),
+    "minloglevel": (int, None),
+    "v": (int, None),
 }
+
+#: The FLAGS entries that are glog's (passed to :func:`caffe_engine.log.init_glog`).
+GLOG_FLAGS = ("log_dir", "logtostderr", "alsologtostderr", "stderrthreshold", "minloglevel", "v")
 
 _BOOL_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
                 "false": False, "f": False, "no": False, "n": False, "0": False}
@@ -201,8 +213,7 @@ def train(flags):
     if ctx.size == 1:
         return _train(flags, None)
     if not ctx.is_root:  # rank 0 alone logs; the others report warnings and errors only
-        import logging
-        logger.setLevel(logging.WARNING)
+        logger.setLevel(max(logger.level, logging.WARNING))
     with distributed.guard(ctx):
         status = _train(flags, ctx)
         ctx.comm.close()
@@ -255,10 +266,10 @@ def _train(flags, ctx):
         param.weights.append(flags["weights"])
     with handler:
         if ctx is None:
-            solver = get_solver(param)
+            solver = get_solver(param, source=flags["solver"])
         else:
             solver = get_solver(param, comm=ctx.comm, bucket_mb=flags["bucket_mb"],
-                                debug_sync=flags["debug_sync"])
+                                debug_sync=flags["debug_sync"], source=flags["solver"])
         solver.exact_resume = flags["exact_resume"]
         solver.action_request_function = handler.check_for_signals
         if flags["snapshot"]:
@@ -387,7 +398,20 @@ def time_(flags):
     As tools/caffe.cpp's time(): one untimed forward and backward, then per iteration every
     layer's forward in order and backward in reverse order, each timed; the log gives each
     iteration's time, the per-layer averages, the forward/backward averages and the total.
-    Layers that need no backward are timed at their (empty) backward too.
+
+    The timed backward calls every layer's ``backward`` directly, with the net's
+    ``bottom_need_backward``, whether or not the net marked the layer as needing backward: so on
+    a deploy net (no loss, nothing "needs backward") Convolution, InnerProduct, Scale, ... still
+    compute their parameter gradients (``param_propagate_down``, from ``lr_mult``), as
+    tools/caffe.cpp's ``layers[i]->Backward(top_vecs[i], bottom_need_backward[i],
+    bottom_vecs[i])`` does; the untimed first pass is ``Net::Backward``, which skips them.
+    Layers whose Caffe backward ignores ``propagate_down`` (Softmax, BatchNorm, LRN, MVN,
+    Im2col) compute their bottom gradient here as in Caffe (see ``_time_propagate_down``).
+    Times are wall-clock milliseconds (the device synchronised after each layer on the GPU).
+
+    Raises:
+        UsageError: no ``--model`` or a bad ``--phase``.
+        CaffeError: the net cannot be built (one line).
     """
     from .net import Net
     if not flags["model"]:
@@ -400,7 +424,10 @@ def time_(flags):
     logger.info("Initial loss: %s", g(initial_loss))
     logger.info("Performing Backward")
     net.backward_from_to()
-    n_layers = len(net.layers)
+    layers, top_vecs, bottom_vecs = net.layers, net.top_vecs, net.bottom_vecs
+    bottom_need_backward = [_time_propagate_down(layer, need)
+                            for layer, need in zip(layers, net.bottom_need_backward)]
+    n_layers = len(layers)
     fwd, bwd = numpy.zeros(n_layers), numpy.zeros(n_layers)
     forward_time = backward_time = 0.0
     iters = flags["iterations"]
@@ -419,7 +446,7 @@ def time_(flags):
         t_back = time.perf_counter()
         for i in range(n_layers - 1, -1, -1):
             t = time.perf_counter()
-            net.backward_from_to(i, i)
+            layers[i].backward(top_vecs[i], bottom_need_backward[i], bottom_vecs[i])
             sync()
             bwd[i] += time.perf_counter() - t
         backward_time += time.perf_counter() - t_back
@@ -437,6 +464,24 @@ def time_(flags):
     logger.info("Total Time: %s ms.", g(total * 1e3))
     logger.info("*** Benchmark ends ***")
     return 0
+
+
+#: Layer types whose Caffe ``Backward_cpu``/``_gpu`` computes the bottom gradient whatever
+#: ``propagate_down`` says (src/caffe/layers/{batch_norm,im2col,mvn,softmax}_layer.cpp; LRN only
+#: across channels, lrn_layer.cpp CrossChannelBackward_cpu). The engine's layers skip that work
+#: when ``propagate_down`` is false, so ``caffe time`` asks them for it to time what Caffe does.
+_BACKWARD_IGNORES_PROPAGATE_DOWN = frozenset(["BatchNorm", "Im2col", "MVN", "Softmax"])
+
+
+def _time_propagate_down(layer, need):
+    """``propagate_down`` for ``layer`` in ``caffe time``'s backward: the net's
+    ``bottom_need_backward`` (``need``), or all true where Caffe's layer ignores it."""
+    from .proto import caffe_pb2
+    if layer.type in _BACKWARD_IGNORES_PROPAGATE_DOWN or (
+            layer.type == "LRN" and layer.param.lrn_param.norm_region
+            == caffe_pb2.LRNParameter.ACROSS_CHANNELS):
+        return [True] * len(need)
+    return list(need)
 
 
 def _device_sync():
@@ -495,11 +540,20 @@ def _speaks():
 
 
 def main(argv=None):
-    """Entry point of the ``caffe`` console script; returns the exit status."""
+    """Entry point of the ``caffe`` console script; returns the exit status.
+
+    As tools/caffe.cpp's main: ``alsologtostderr`` is set, the flags are parsed, then the log
+    starts (``GlobalInit``: ``InitGoogleLogging``) under the program name ``caffe``, with log
+    files as glog writes them and the ``GLOG_*`` environment honoured (see
+    :mod:`caffe_engine.log`); glog's flags (``--log_dir``, ``--logtostderr``,
+    ``--alsologtostderr``, ``--stderrthreshold``, ``--minloglevel``, ``--v``) override it. A
+    command's error is also written to the log files as an ``E`` line.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    setup_logging()
     try:
         positional, flags = parse_flags(argv)
+        init_glog("caffe", alsologtostderr=True,
+                  overrides={name: flags[name] for name in GLOG_FLAGS})
         if len(positional) != 1 or positional[0] not in COMMANDS:
             what = f"unknown action: {positional[0]}" if positional else "no action given"
             raise UsageError(what)
@@ -510,6 +564,7 @@ def main(argv=None):
             sys.stderr.write(f"caffe: {exc}\n")
         return 1
     except CaffeError as exc:
+        log_to_files(logging.ERROR, "%s", exc)
         if _speaks():
             sys.stderr.write(f"caffe: {exc}\n")
         return 1

@@ -10,6 +10,10 @@
   another test module.
 * Tests may reconfigure the engine's logger (the CLI and tools call setup_logging); it is
   restored after each test so that caplog-based tests see records whatever the order.
+* The engine's commands write glog's log files (``caffe_engine.log``) into ``$TMPDIR`` or
+  ``/tmp`` as Caffe does; the suite runs hundreds of them, so ``GLOG_logtostderr=1`` (unless set
+  already) keeps their log on stderr only, here and in every subprocess. Tests of the log files
+  (``test_glog_env.py``) set their own ``GLOG_*`` variables.
 * ``kernel_set``: runs a test once per kernel set (:mod:`caffe_engine.kernels`): ``reference``;
   ``cpu`` (Numba) with the engine's tuning; ``cpu-blocks``, the Numba kernels cut into the
   smallest blocks and slices on three threads (every edge of the blocking); ``cuda``, skipped
@@ -21,6 +25,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("GLOG_logtostderr", "1")
 
 from caffe_engine import kernels  # noqa: E402
 from caffe_engine.log import logger  # noqa: E402

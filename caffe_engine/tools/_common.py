@@ -1,12 +1,10 @@
-"""What the tools share: the error-to-exit-status wrapper, gflags-style booleans, progress bars
-and a streaming LMDB writer."""
+"""What the tools share: the error-to-exit-status wrapper, gflags-style booleans and progress
+bars (the streaming database writers are in caffe_engine.io: ``db.open_writer``)."""
 import argparse
-import logging
-import os
 import sys
 
 from ..errors import CaffeError
-from ..log import setup_logging
+from ..log import init_glog
 
 
 class ToolError(CaffeError):
@@ -80,8 +78,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def start_logging():
-    """Glog-format INFO lines on stderr, as Caffe's tools print them."""
-    setup_logging(stream=sys.stderr, level=logging.INFO)
+    """Start the log as Caffe's tools do (``InitGoogleLogging(argv[0])``, ``FLAGS_alsologtostderr
+    = 1``): glog-format lines on stderr, and glog's log files named after the program (the base
+    name of ``argv[0]``, e.g. ``convert_imageset``), ``GLOG_*`` honoured (caffe_engine.log)."""
+    init_glog(alsologtostderr=True)
 
 
 def progress(iterable, total=None, desc=None, unit="it"):
@@ -92,54 +92,3 @@ def progress(iterable, total=None, desc=None, unit="it"):
         return iterable
     disable = not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, leave=False)
-
-
-class LMDBWriter:
-    """Put records into a new LMDB, committing every ``commit_every`` puts (as Caffe's tools).
-
-    The map grows by doubling when it fills (the pending records are written again).
-
-    Raises:
-        ToolError: the path exists or LMDB fails.
-    """
-
-    def __init__(self, path, commit_every=1000, map_size=1 << 28):
-        try:
-            import lmdb
-        except ImportError:
-            raise ToolError("writing LMDB needs the 'lmdb' package (pip install lmdb)") from None
-        self._lmdb = lmdb
-        self.path = str(path)
-        if os.path.exists(self.path):
-            raise ToolError(f"cannot create LMDB '{self.path}': it already exists")
-        os.makedirs(self.path)
-        try:
-            self.env = lmdb.open(self.path, map_size=map_size, subdir=True, lock=True)
-        except lmdb.Error as exc:
-            raise ToolError(f"cannot create LMDB '{self.path}': {exc}") from None
-        self.commit_every = commit_every
-        self.pending = []
-        self.count = 0
-
-    def put(self, key, value):
-        self.pending.append((key, value))
-        self.count += 1
-        if len(self.pending) >= self.commit_every:
-            self.commit()
-
-    def commit(self):
-        lmdb = self._lmdb
-        while self.pending:
-            try:
-                with self.env.begin(write=True) as txn:
-                    for key, value in self.pending:
-                        txn.put(key, value)
-                self.pending = []
-            except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
-            except lmdb.Error as exc:
-                raise ToolError(f"cannot write LMDB '{self.path}': {exc}") from None
-
-    def close(self):
-        self.commit()
-        self.env.close()

@@ -1,0 +1,70 @@
+"""``caffe time`` on a deploy net times the backward Caffe runs (tools/caffe.cpp ``time()``).
+
+Caffe's benchmark calls every layer's ``Backward`` directly with the net's
+``bottom_need_backward``, whatever ``layer_need_backward`` says: on a deploy net (no loss, so no
+layer "needs backward") Convolution and InnerProduct still compute their weight and bias
+gradients (``param_propagate_down``, from ``lr_mult``), so backward costs about as much as
+forward. Skipping those layers (``Net::Backward``'s rule) would report a backward of ~0 ms.
+"""
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from caffe_engine.cli import _time_propagate_down
+from caffe_engine.proto import caffe_pb2
+
+DEPLOY = """name: "tiny_deploy"
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 8 dim: 16 dim: 32 dim: 32 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 32 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def test_deploy_net_backward_is_timed_like_caffe(tmp_path):
+    (tmp_path / "deploy.prototxt").write_text(DEPLOY)
+    r = subprocess.run([sys.executable, "-m", "caffe_engine", "time", "--model=deploy.prototxt",
+                        "--iterations=3"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    msgs = [line.split("] ", 1)[1] for line in r.stderr.splitlines() if "] " in line]
+    assert "conv does not need backward computation." in msgs      # a deploy net, as in Caffe
+    per_layer = {}
+    for m in msgs:
+        hit = re.match(r"^ *(\S+)\t(forward|backward): (\S+) ms\.$", m)
+        if hit:
+            per_layer[hit.group(1), hit.group(2)] = float(hit.group(3))
+    fwd = float(next(m for m in msgs if m.startswith("Average Forward pass: ")).split()[3])
+    bwd = float(next(m for m in msgs if m.startswith("Average Backward pass: ")).split()[3])
+    # The weight gradient of the convolution costs about what its forward does; without it the
+    # backward would be a few microseconds.
+    assert per_layer["conv", "backward"] > 0.3 * per_layer["conv", "forward"], per_layer
+    assert per_layer["fc", "backward"] > 0.1 * per_layer["fc", "forward"], per_layer
+    assert bwd > 0.3 * fwd, (fwd, bwd)
+
+
+def _layer(type_, **lrn):
+    param = caffe_pb2.LayerParameter(type=type_)
+    if lrn:
+        param.lrn_param.norm_region = lrn["region"]
+    return SimpleNamespace(type=type_, param=param)
+
+
+def test_layers_whose_caffe_backward_ignores_propagate_down():
+    # softmax_layer.cpp, batch_norm_layer.cpp, mvn_layer.cpp, im2col_layer.cpp and LRN across
+    # channels compute the bottom gradient whatever propagate_down says; the others follow it.
+    for type_ in ("Softmax", "BatchNorm", "MVN", "Im2col"):
+        assert _time_propagate_down(_layer(type_), [False]) == [True]
+    assert _time_propagate_down(_layer("LRN", region=caffe_pb2.LRNParameter.ACROSS_CHANNELS),
+                                [False]) == [True]
+    assert _time_propagate_down(_layer("LRN", region=caffe_pb2.LRNParameter.WITHIN_CHANNEL),
+                                [False]) == [False]
+    for type_ in ("Convolution", "ReLU", "Pooling", "InnerProduct", "Scale", "Eltwise"):
+        assert _time_propagate_down(_layer(type_), [False, True]) == [False, True]
