@@ -12,4 +12,4 @@ import sys
 import _launch
 
 if __name__ == "__main__":
-    sys.exit(_launch.run("caffe_engine.io.upgrade", "run_upgrade_tool", "upgrade_net_proto_binary"))
+    sys.exit(_launch.run("caffe_engine.tools.upgrade_proto", "upgrade_net_proto_binary"))

@@ -27,9 +27,9 @@ solver file is read for training, ``snapshot_prefix`` is also defaulted
 
 Caffe's log lines are written to the engine's logger with the same text and severity and can be
 collected with the ``notes`` argument. Where Caffe aborts (an unknown V0 layer type, a padding
-layer feeding anything but one conv/pool input), :class:`CaffeError` is raised; where Caffe logs
-an error and continues ("had one or more problems"), so do we and the ``*_as_needed`` functions
-return False.
+layer feeding anything but one conv/pool input, a net with both ``layer`` and ``layers``
+entries), :class:`CaffeError` is raised; where Caffe logs an error and continues ("had one or
+more problems"), so do we and the ``*_as_needed`` functions return False.
 """
 import os
 
@@ -416,21 +416,26 @@ def upgrade_v1_layer(v1, log=None):
     return out, ok
 
 
-def upgrade_v1_net(param, log=None):
+def upgrade_v1_net(param, log=None, path="<net>"):
     """The V1 net ``param`` (``layers``) as a V2 net (``layer``); Caffe's UpgradeV1Net.
 
-    Everything but the layers is kept; ``layer`` entries already present are dropped with an
-    error, as Caffe does.
+    Everything but the layers is kept.
 
     Returns:
         (NetParameter, fully_compatible).
+
+    Raises:
+        CaffeError: ``param`` has ``layer`` entries beside its ``layers`` (a net mixing both
+            formats), naming ``path``; Caffe master's UpgradeV1Net refuses it with LOG(FATAL)
+            (older Caffe dropped the ``layer`` entries with an error and went on).
     """
     log = log or _Log(None)
     ok = True
     if len(param.layer):
-        log.error("Input NetParameter to be upgraded already specifies 'layer' fields; "
-                  "these will be ignored for the upgrade.")
-        ok = False
+        raise CaffeError(f"{path}: Refusing to upgrade inconsistent NetParameter input; the "
+                         f"definition includes both 'layer' and 'layers' fields "
+                         f"({len(param.layer)} 'layer', {len(param.layers)} 'layers'). Manually "
+                         f"switch the definition to 'layer' format to continue.")
     out = caffe_pb2.NetParameter()
     out.CopyFrom(param)
     del out.layers[:]
@@ -543,7 +548,7 @@ def upgrade_net_as_needed(param, path="<net>", notes=None):
     if net_needs_v1_to_v2_upgrade(param):
         log.info(f"Attempting to upgrade input file specified using deprecated "
                  f"V1LayerParameter: {path}")
-        upgraded, step_ok = upgrade_v1_net(param, log)
+        upgraded, step_ok = upgrade_v1_net(param, log, path)
         param.CopyFrom(upgraded)
         if not step_ok:
             ok = False
@@ -643,84 +648,3 @@ def upgrade_snapshot_prefix(param, path, notes=None):
         param.snapshot_prefix = os.path.join(param.snapshot_prefix, os.path.basename(stem))
         log.info(f"snapshot_prefix was a directory and is replaced to {param.snapshot_prefix}")
     return param
-
-
-# --------------------------------------------------------------------------------------------
-# The upgrade_*_proto_* tools
-# --------------------------------------------------------------------------------------------
-_TOOLS = {
-    # name: (message class, binary?, what, needs-test, upgrade)
-    "upgrade_net_proto_text": (caffe_pb2.NetParameter, False, "NetParameter text proto",
-                               net_needs_upgrade, upgrade_net_as_needed),
-    "upgrade_net_proto_binary": (caffe_pb2.NetParameter, True, "NetParameter binary proto",
-                                 net_needs_upgrade, upgrade_net_as_needed),
-    "upgrade_solver_proto_text": (caffe_pb2.SolverParameter, False, "SolverParameter text proto",
-                                  solver_needs_type_upgrade, upgrade_solver_as_needed),
-}
-_TOOL_HELP = {
-    "upgrade_net_proto_text": "Upgrade a net prototxt written with deprecated syntax (V0 or V1 "
-                              "layers, data transformation fields, input fields, BatchNorm "
-                              "param specs) to the current format.",
-    "upgrade_net_proto_binary": "Upgrade a binary net (e.g. a .caffemodel in the V1 'layers' "
-                                "format) to the current format, weights included.",
-    "upgrade_solver_proto_text": "Upgrade a solver prototxt using the deprecated 'solver_type' "
-                                 "enum to the 'type' string.",
-}
-
-
-def run_upgrade_tool(tool, argv=None):
-    """Body of Caffe's ``tools/upgrade_{net_proto_text,net_proto_binary,solver_proto_text}``.
-
-    Reads ``argv[0]``, upgrades it as Caffe does (saying "File already in latest proto format"
-    when nothing needs it), writes ``argv[1]`` atomically. Every error is one line
-    ``<tool>: <message>`` on stderr.
-
-    Returns:
-        the exit status: 0 on success, 1 on a usage, read or write error or when Caffe
-        reported problems while upgrading (the output is still written then, as Caffe does).
-    """
-    import argparse
-    import sys
-
-    from ..log import setup_logging
-    from . import prototxt as pio
-
-    msg_class, binary, what, needs, upgrade = _TOOLS[tool]
-    kind = "solver" if msg_class is caffe_pb2.SolverParameter else "net"
-    parser = argparse.ArgumentParser(prog=tool, description=_TOOL_HELP[tool])
-    parser.add_argument("input", help=f"the {kind} file to upgrade "
-                        f"({'binary' if binary else 'text'})")
-    parser.add_argument("output", help=f"where to write the upgraded {what}")
-
-    def fail_usage(message):
-        sys.stderr.write(f"usage: {tool} INPUT OUTPUT\n{tool}: {message}\n")
-        raise SystemExit(1)
-
-    parser.error = fail_usage
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    except SystemExit as exc:      # --help exits 0, usage errors 1
-        return int(exc.code or 0)
-    setup_logging()
-    try:
-        param = msg_class()
-        if binary:
-            pio.read_binary(args.input, param, what)
-        else:
-            pio.read_text(args.input, param, what)
-        ok = True
-        if needs(param):
-            ok = upgrade(param, args.input)
-            if not ok:
-                logger.error("Encountered error(s) while upgrading prototxt; see details above.")
-        else:
-            logger.error(f"File already in latest proto format: {args.input}")
-        if binary:
-            pio.write_binary(args.output, param)
-        else:
-            pio.write_text(args.output, param)
-        logger.info(f"Wrote upgraded {what} to {args.output}")
-    except CaffeError as exc:
-        sys.stderr.write(f"{tool}: {exc}\n")
-        return 1
-    return 0 if ok else 1

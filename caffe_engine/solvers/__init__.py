@@ -14,12 +14,14 @@ SOLVERS = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, R
 
 
 def get_solver(param, **kwargs):
-    """Build the solver that ``param.type`` names (a SolverParameter or a solver prototxt path).
+    """Build the solver that ``param.type`` names (a SolverParameter or a solver prototxt path;
+    ``kwargs`` go to the solver class, e.g. ``source=`` the file a SolverParameter came from).
 
     Raises:
         CaffeError: unknown solver type (the message lists the known ones).
     """
     if not isinstance(param, caffe_pb2.SolverParameter):
+        kwargs.setdefault("source", str(param))
         param = pio.read_solver_param(str(param))
     cls = SOLVERS.get(param.type)
     if cls is None:

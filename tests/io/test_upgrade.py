@@ -14,8 +14,9 @@ from google.protobuf import text_format
 from caffe_engine.errors import CaffeError
 from caffe_engine.io import prototxt as pio
 from caffe_engine.io import upgrade
-from caffe_engine.io.weights import blob_from_proto
+from caffe_engine.io.blobproto import proto_to_array
 from caffe_engine.net import Net
+from caffe_engine.tools import upgrade_proto
 from caffe_engine.proto import caffe_pb2
 from paths import ROOT, SHARED
 
@@ -248,13 +249,32 @@ def test_new_format_data_param_fields_are_left_alone():
     assert param.layer[0].data_param.scale == 0.5 and not param.layer[0].HasField("transform_param")
 
 
-def test_layer_and_layers_together_keeps_only_the_v1_layers():
-    param, ok, notes = upgraded('layer { name: "new" type: "ReLU" }\n'
-                                'layers { name: "old" type: RELU }')
-    assert not ok
-    assert [lp.name for lp in param.layer] == ["old"]
-    assert ("Input NetParameter to be upgraded already specifies 'layer' fields; these will be "
-            "ignored for the upgrade.") in notes
+MIXED = ('name: "mixed"\n'
+         'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }\n'
+         'layers { name: "old" type: RELU bottom: "data" top: "r" }\n')
+
+
+def test_layer_and_layers_together_is_refused_in_one_line():
+    # Caffe master's UpgradeV1Net: LOG(FATAL) "Refusing to upgrade inconsistent NetParameter
+    # input; the definition includes both 'layer' and 'layers' fields. ..." (older Caffe dropped
+    # the 'layer' entries and went on).
+    with pytest.raises(CaffeError) as info:
+        upgraded(MIXED, "mixed.prototxt")
+    message = str(info.value)
+    assert message.startswith("mixed.prototxt: Refusing to upgrade inconsistent NetParameter "
+                              "input; the definition includes both 'layer' and 'layers' fields")
+    assert "\n" not in message
+
+
+def test_mixed_net_file_is_refused_by_net_and_the_cli(tmp_path):
+    path = tmp_path / "mixed.prototxt"
+    path.write_text(MIXED)
+    with pytest.raises(CaffeError, match="mixed.prototxt: Refusing to upgrade inconsistent"):
+        Net(str(path), caffe_pb2.TEST)
+    r = subprocess.run([sys.executable, "-m", "caffe_engine", "time", "--model", str(path),
+                        "--iterations", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"{path}: Refusing to upgrade inconsistent" in r.stderr.strip().splitlines()[-1]
 
 
 def test_v1_layer_holding_v0_layer_is_reported():
@@ -376,7 +396,7 @@ def tool(name, *args):
 
 def run_tool(name, *args, capsys=None):
     """In-process run (fast); returns (status, stderr)."""
-    status = upgrade.run_upgrade_tool(name, [str(a) for a in args])
+    status = upgrade_proto.run(name, [str(a) for a in args])
     return status, capsys.readouterr().err if capsys else ""
 
 
@@ -477,7 +497,7 @@ def test_upgrade_net_proto_binary_on_a_v1_caffemodel(tmp_path, capsys):
         [(lp.name, lp.type) for lp in original.layer]
     for a, b in zip(written.layer, original.layer):
         for x, y in zip(a.blobs, b.blobs):
-            numpy.testing.assert_array_equal(blob_from_proto(x), blob_from_proto(y))
+            numpy.testing.assert_array_equal(proto_to_array(x), proto_to_array(y))
 
 
 def test_tools_run_as_scripts(tmp_path):

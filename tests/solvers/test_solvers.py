@@ -309,7 +309,7 @@ def test_hdf5_snapshot_layout_and_restore(tmp_path, monkeypatch):
         np.testing.assert_array_equal(f["diff/ip/0"][()], solver.net.params["ip"][0].diff)
     with h5py.File("tiny_iter_2.solverstate.h5", "r") as f:
         assert sorted(f) == ["current_step", "history", "iter", "learned_net"]
-        assert f["iter"][()] == 2 and f["current_step"][()] == 0 and f["iter"].shape == ()
+        assert f["iter"][0] == 2 and f["current_step"][0] == 0 and f["iter"].shape == (1,)  # Caffe's
         assert f["learned_net"][()] == b"tiny_iter_2.caffemodel.h5"
         assert sorted(f["history"], key=int) == [str(i) for i in range(4)]
         np.testing.assert_array_equal(f["history/3"][()], solver.history[3].data)
