@@ -165,7 +165,14 @@ class Net:
     Args:
         model: a prototxt path, or a caffe_pb2.NetParameter.
         phase: ``TRAIN`` or ``TEST`` (pycaffe's legacy ``Net(model, weights, phase)`` works too).
-        level, stages: the NetState level and stages (``caffe train --level/--stage``).
+        level, stages: the NetState level and stages. For a prototxt path these follow
+            Caffe's ``Net(param_file, phase, level, stages)`` (src/caffe/net.cpp), as pycaffe's
+            ``caffe.Net`` and ``caffe test``/``caffe time`` use it: the file's ``state``
+            keeps its stages, ``stages`` are added to them, and its ``level`` is replaced by
+            ``level`` (default 0), so a file's ``state { level: 2 }`` is ignored unless
+            ``level=2`` is passed. For a NetParameter its ``state`` is kept, with ``level``
+            (if non-zero) and ``stages`` (if given) replacing its own (the solver passes its
+            merged train/test state this way).
         weights: optional ``.caffemodel`` (or ``.h5``) path whose params are copied in by
             layer name. The positional order is pycaffe's: model, phase, level, stages, weights.
 
@@ -205,11 +212,19 @@ class Net:
         state = caffe_pb2.NetState()
         state.CopyFrom(param.state)
         state.phase = phase
-        if level:
-            state.level = level
-        if stages:
-            del state.stage[:]
-            state.stage.extend(stages)
+        if isinstance(model, caffe_pb2.NetParameter):
+            # A NetParameter keeps its own state unless level / stages are given.
+            if level:
+                state.level = level
+            if stages:
+                del state.stage[:]
+                state.stage.extend(stages)
+        else:
+            # Caffe's Net(param_file, phase, level, stages), which pycaffe's Net() and the caffe
+            # tool's test/time call: the phase is set, the given stages are added to the file's
+            # own, and the level is set (0 unless given), whatever the file's state says.
+            state.level = int(level or 0)
+            state.stage.extend(stages or [])
         param.state.CopyFrom(state)
         self.phase = phase
         self._init(param)
@@ -240,6 +255,8 @@ class Net:
         #: the data-parallel gradient buckets launch their allreduce from here.
         self.backward_hooks = []
         self.before_backward_hooks = []
+        self.forward_hooks = []
+        self.before_forward_hooks = []
         self._diff_plan = None      # see share_diff_memory
 
         for layer_id, lp_in in enumerate(param.layer):
@@ -438,9 +455,13 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         loss = numpy.float32(0)
         for i in range(start, end + 1):
+            for hook in self.before_forward_hooks:
+                hook(i)
             layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
             layer.reshape(bottom, top)
             layer.forward(bottom, top)
+            for hook in self.forward_hooks:
+                hook(i)
             for j, blob in enumerate(top):
                 if layer.loss(j):
                     xp = backend.get_array_module(blob.data)
@@ -499,47 +520,90 @@ class Net:
 
     # -- weights -----------------------------------------------------------------------------
     def copy_from(self, source):
-        """Copy params by layer name from a ``.caffemodel`` path or a NetParameter.
+        """Copy params by layer name from a ``.caffemodel``, a ``.caffemodel.h5`` or a
+        NetParameter (Caffe's CopyTrainedLayersFrom / CopyTrainedLayersFromHDF5).
 
-        Layers absent from the source keep their values; source layers absent here are ignored.
+        Layers absent from the source keep their values; source layers absent here are ignored
+        (logged). With several layers of one name here, Caffe's two readers differ and so does
+        this one: a ``.caffemodel`` source layer goes into the *first* of them (Caffe searches
+        ``layer_names_``), an HDF5 one into the *last* (Caffe looks it up in
+        ``layer_names_index_``, filled in layer order); the others keep their initial values,
+        and a WARNING line names the layer. A ``.caffemodel``'s legacy 4-D shapes equal the
+        target padded with leading 1s (Blob::ShapeEquals); an HDF5 file's must match exactly,
+        and may leave out a param this net shares from another layer.
+
+        Returns:
+            list of the layer names copied, in source order.
 
         Raises:
-            CaffeError: unreadable file, wrong number of blobs, or a shape mismatch naming the
-                layer and both shapes.
+            CaffeError: unreadable file, wrong number of blobs, a missing HDF5 dataset, or a
+                shape mismatch naming the layer, the param and both shapes.
         """
-        from .io.weights import blob_from_proto, proto_shape
-        if not isinstance(source, caffe_pb2.NetParameter) and str(source).endswith(".h5"):
-            self.load_hdf5(source)   # Caffe's CopyTrainedLayersFrom picks HDF5 by the name too
-            return
-        if isinstance(source, caffe_pb2.NetParameter):
-            param, where = source, "<NetParameter>"
-        else:
+        from .io.blobproto import proto_shape, proto_to_array
+        hdf5 = not isinstance(source, caffe_pb2.NetParameter) and str(source).endswith(".h5")
+        if hdf5:
+            from .io.hdf5_weights import read_hdf5_weights
             where = str(source)
-            param = pio.read_binary(where, caffe_pb2.NetParameter(), "caffemodel")
-            from .io.upgrade import upgrade_net
-            upgrade_net(param, where)
-        for src in param.layer:
-            i = self._layer_index.get(src.name)
+            records = read_hdf5_weights(where)
+            index = {name: i for i, name in enumerate(self.layer_names)}        # last wins
+        else:
+            if isinstance(source, caffe_pb2.NetParameter):
+                param, where = source, "<NetParameter>"
+            else:
+                where = str(source)
+                param = pio.read_binary(where, caffe_pb2.NetParameter(), "caffemodel")
+                from .io.upgrade import upgrade_net
+                upgrade_net(param, where)
+            records = [(layer.name, dict(enumerate(layer.blobs))) for layer in param.layer]
+            index = self.first_layer_index()
+        copied, warned = [], set()
+        for name, blobs in records:
+            i = index.get(name)
             if i is None:
-                logger.info("Ignoring source layer %s", src.name)
+                logger.info("Ignoring source layer %s", name)
                 continue
-            logger.debug("Copying source layer %s Type:%s #blobs=%d", src.name, src.type, len(src.blobs))
+            if name not in warned:
+                warned.add(name)
+                self.warn_duplicate_layer_name(name, i, where)
             target = self.layers[i].blobs
-            if len(src.blobs) != len(target):
-                raise CaffeError(f"{where}: Incompatible number of blobs for layer {src.name} "
-                                 f"(source {len(src.blobs)}, target {len(target)})")
-            for k, bp in enumerate(src.blobs):
-                shape = proto_shape(bp, target[k].shape)
-                if shape != target[k].shape:
-                    raise CaffeError(f"{where}: Cannot copy param {k} weights from layer '{src.name}'; "
+            if len(blobs) > len(target) or (not hdf5 and len(blobs) != len(target)):
+                raise CaffeError(f"{where}: Incompatible number of blobs for layer {name} "
+                                 f"(source {len(blobs)}, target {len(target)})")
+            logger.debug("Copying source layer %s #blobs=%d", name, len(blobs))
+            for k, blob in enumerate(target):
+                if k not in blobs:
+                    if self.param_is_shared_view(i, k):
+                        continue
+                    raise CaffeError(f"{where}: Incompatible number of blobs for layer {name} "
+                                     f"(param {k} missing)")
+                src = blobs[k]
+                if hdf5:
+                    shape, values = tuple(src.shape), src
+                else:
+                    shape, values = proto_shape(src, blob.shape), None
+                if shape != tuple(blob.shape):
+                    raise CaffeError(f"{where}: Cannot copy param {k} weights from layer '{name}'; "
                                      f"shape mismatch. Source param shape is {_shape_str(shape)}; "
-                                     f"target param shape is {_shape_str(target[k].shape)}")
-                target[k].data[...] = backend.get_array_module(target[k].data).asarray(
-                    blob_from_proto(bp).reshape(target[k].shape))
+                                     f"target param shape is {_shape_str(blob.shape)}")
+                if values is None:
+                    values = proto_to_array(src, what=f"{where}: layer {name} param {k}")
+                blob.data[...] = backend.get_array_module(blob.data).asarray(
+                    values.reshape(blob.shape))
+            copied.append(name)
+        return copied
+
+    def param_is_shared_view(self, layer_index, k):
+        """Whether param ``k`` of layer ``layer_index`` is a view of another layer's param
+        (``param { name: ... }`` sharing; only the owner's values are stored in HDF5)."""
+        lp = self.layers[layer_index].param
+        if k >= len(lp.param) or not lp.param[k].name:
+            return False
+        owner = getattr(self, "_param_owner", {}).get(lp.param[k].name)
+        return owner is not None and owner != (layer_index, k)
 
     def to_proto(self, write_diff=False):
         """The net as a NetParameter with every layer's param blobs (Caffe's Net::ToProto)."""
-        from .io.weights import blob_to_proto
+        from .io.blobproto import blob_to_proto
         param = caffe_pb2.NetParameter(name=self.name)
         for layer in self.layers:
             lp = param.layer.add()
@@ -553,10 +617,37 @@ class Net:
         """Write the weights as a binary ``.caffemodel`` (atomically)."""
         pio.write_binary(str(path), self.to_proto(write_diff))
 
+    def first_layer_index(self):
+        """dict layer name -> index of the first layer of that name (the target Caffe's
+        CopyTrainedLayersFrom and ShareTrainedLayersWith find by searching ``layer_names_``)."""
+        first = {}
+        for i, name in enumerate(self.layer_names):
+            first.setdefault(name, i)
+        return first
+
+    def warn_duplicate_layer_name(self, name, target, where):
+        """Log one WARNING when several layers here are named ``name`` and weights from
+        ``where`` go into layer ``target`` only; the others keep their values."""
+        same = [i for i, n in enumerate(self.layer_names) if n == name]
+        if len(same) > 1:
+            others = ", ".join(str(i) for i in same if i != target)
+            logger.warning("Net %s has %d layers named '%s' (layers %s): weights from %s go into "
+                           "layer %d only; layer(s) %s keep their initial values", self.name,
+                           len(same), name, ", ".join(map(str, same)), where, target, others)
+
     def share_trained_layers_with(self, other):
-        """Make this net's params view ``other``'s, by layer name (Caffe's ShareTrainedLayersWith)."""
-        for name, src_blobs in other.params.items():
-            i = self._layer_index.get(name)
+        """Make this net's params view ``other``'s, by layer name (Caffe's ShareTrainedLayersWith).
+
+        As Caffe, each of ``other``'s layers is shared into the first layer here with its name,
+        in order (so with repeated names the first layer here views ``other``'s last one, and a
+        later layer of the same name keeps its own values).
+        """
+        first = self.first_layer_index()
+        for name, layer in zip(other.layer_names, other.layers):
+            src_blobs = layer.blobs
+            if not src_blobs:
+                continue
+            i = first.get(name)
             if i is None:
                 continue
             target = self.layers[i].blobs
@@ -742,6 +833,16 @@ class Net:
         for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
             layer.reshape(bottom, top)
 
+    def before_forward(self, callback):
+        """pycaffe's ``net.before_forward(fn)``: ``fn(layer_index)`` before each layer's forward
+        (Caffe's Net::add_before_forward)."""
+        self.before_forward_hooks.append(callback)
+
+    def after_forward(self, callback):
+        """pycaffe's ``net.after_forward(fn)``: ``fn(layer_index)`` after each layer's forward
+        (Caffe's Net::add_after_forward)."""
+        self.forward_hooks.append(callback)
+
     def before_backward(self, callback):
         """pycaffe's ``net.before_backward(fn)``: ``fn(layer_index)`` before each layer's backward."""
         self.add_before_backward(callback)
@@ -760,9 +861,12 @@ class Net:
         save_net_hdf5(self, str(path), write_diff)
 
     def load_hdf5(self, path):
-        """Copy weights from a ``.caffemodel.h5`` by layer name (pycaffe's ``load_hdf5``)."""
-        from .io.hdf5_weights import load_hdf5_weights
-        load_hdf5_weights(self, str(path))
+        """Copy weights from a ``.caffemodel.h5`` by layer name (pycaffe's ``load_hdf5``; see
+        :meth:`copy_from`). Returns the layer names copied."""
+        path = str(path)
+        if not path.endswith(".h5"):
+            raise CaffeError(f"{path}: load_hdf5 reads .h5 weights files")
+        return self.copy_from(path)
 
     def set_input_arrays(self, data, labels):
         """Feed a MemoryData first layer (pycaffe's ``Net.set_input_arrays``).

@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from caffe_engine import backend
 from caffe_engine.errors import CaffeError
 from caffe_engine.io import prototxt as pio
-from caffe_engine.io.hdf5_weights import load_hdf5_weights, save_hdf5_weights
+from caffe_engine.io.hdf5_weights import save_hdf5_weights
 from caffe_engine.io.upgrade import V1_TYPE_NAMES, upgrade_net
 from caffe_engine.layers import layer_type_list
 from caffe_engine.log import LOGGER_NAME
@@ -193,7 +193,7 @@ def h5_datasets(path):
 
 def test_hdf5_caffemodel_loads_by_layer_name():
     net = Net(str(H5_NET), caffe_pb2.TEST)
-    copied = load_hdf5_weights(net, H5_MODEL)
+    copied = net.load_hdf5(H5_MODEL)
     stored = h5_datasets(H5_MODEL)
     assert copied == [name for name in stored if name in net.layer_names]
     assert sorted(name for name in stored if stored[name]) == sorted(net.params)
@@ -215,11 +215,11 @@ def test_hdf5_caffemodel_loads_by_layer_name():
 
 def test_hdf5_weights_round_trip_and_shape_mismatch(tmp_path):
     net = Net(str(H5_NET), caffe_pb2.TEST)
-    load_hdf5_weights(net, H5_MODEL)
+    net.load_hdf5(H5_MODEL)
     out = tmp_path / "copy.caffemodel.h5"
     save_hdf5_weights(net, out)
     again = Net(str(H5_NET), caffe_pb2.TEST)
-    load_hdf5_weights(again, out)
+    again.load_hdf5(out)
     for name, blobs in net.params.items():
         for a, b in zip(blobs, again.params[name]):
             numpy.testing.assert_array_equal(backend.to_numpy(a.data), backend.to_numpy(b.data))
@@ -227,12 +227,12 @@ def test_hdf5_weights_round_trip_and_shape_mismatch(tmp_path):
     wider = tmp_path / "wider.prototxt"
     wider.write_text(text)
     with pytest.raises(CaffeError) as info:
-        load_hdf5_weights(Net(str(wider), caffe_pb2.TEST), H5_MODEL)
+        Net(str(wider), caffe_pb2.TEST).load_hdf5(H5_MODEL)
     message = str(info.value)
     assert "\n" not in message and "'conv3'" in message
     assert "32 5 5 (51200)" in message and "65 32 5 5 (52000)" in message
     with pytest.raises(CaffeError, match="Couldn't open"):
-        load_hdf5_weights(net, tmp_path / "absent.caffemodel.h5")
+        net.load_hdf5(tmp_path / "absent.caffemodel.h5")
 
 
 def test_net_copy_from_dispatches_hdf5():

@@ -19,8 +19,7 @@ TRAINING = ROOT.parent / "shared" / "caffe_reference" / "training"
 CASE = TRAINING / "lenet_sgd"
 CAFFE_LOG = CASE / "caffe.log"
 
-sys.path.insert(0, str(ROOT / "tools"))
-from compare_training import parse_log  # noqa: E402
+from caffe_engine.tools.training_log import parse_log  # noqa: E402
 
 
 def repro(*args, cwd=None, timeout=900):

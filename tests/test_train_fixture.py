@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caffe_engine.io.weights import blob_from_proto
+from caffe_engine.io.blobproto import proto_to_array
 from caffe_engine.proto import caffe_pb2
 
 TRAINING = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "training"
@@ -106,7 +106,7 @@ def test_tests_and_snapshots_as_caffe(lenet_sgd):
     for mine, theirs in zip(model.layer, caffe_model.layer):
         assert (mine.name, mine.type, len(mine.blobs)) == (theirs.name, theirs.type, len(theirs.blobs))
         for bm, bt in zip(mine.blobs, theirs.blobs):
-            wm, wt = blob_from_proto(bm), blob_from_proto(bt)
+            wm, wt = proto_to_array(bm), proto_to_array(bt)
             # Caffe's own BLAS-order variant ends 0.039 (of the largest weight) away.
             assert np.abs(wm - wt).max() <= 0.1 * np.abs(wt).max()
     assert not list(folder.glob(".tmp-*"))

@@ -31,6 +31,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from caffe_engine.tools.repro_check import BLAS_THREADS  # noqa: E402
+from caffe_engine.tools.training_log import parse_log  # noqa: E402,F401  (also the tests')
 TRAINING = ROOT.parent / "shared" / "caffe_reference" / "training"
 DATA = ROOT.parent / "shared" / "data"
 
@@ -85,11 +90,6 @@ def engine_argv(command, extra=()):
     return [sys.executable, "-m", "caffe_engine", *words[1:], *extra]
 
 
-#: BLAS threads for the runs. The float32 sums inside matrix products depend on how OpenBLAS
-#: splits them between threads; with 2 threads the engine's per-iteration losses stay within
-#: 1e-6 of the fixtures' for as long as Caffe's own re-runs do (lenet_adam: 80+ iterations),
-#: with 1 thread they leave 1e-4 earlier (lenet_adam: iteration 66 instead of 77).
-BLAS_THREADS = "2"
 
 
 def run_command(folder, command, extra=(), timeout=1800):
@@ -103,81 +103,17 @@ def run_command(folder, command, extra=(), timeout=1800):
     return r.returncode, r.stderr, time.perf_counter() - start
 
 
-_ITER = re.compile(r"\] Iteration (\d+) \([^)]*\), loss = (\S+)")
-_FINAL = re.compile(r"\] Iteration (\d+), loss = (\S+)")
-_LR = re.compile(r"\] Iteration (\d+), lr = (\S+)")
-_TRAIN_OUT = re.compile(r"\]     Train net output #\d+: (\S+) = (\S+)")
-_TESTING = re.compile(r"\] Iteration (\d+), Testing net \(#(\d+)\)")
-_TEST_OUT = re.compile(r"\]     Test net output #\d+: (\S+) = (\S+)")
-_CLIP = re.compile(r"\] Gradient clipping: scaling down gradients \(L2 norm (\S+) > \S+\) by scale factor (\S+)")
-_MULTISTEP = re.compile(r"\] MultiStep Status: Iteration (\d+), step = (\d+)")
-_SNAP = re.compile(r"\] Snapshotting (?:solver state )?to (?:binary proto|HDF5) file (\S+)")
-
-
-def parse_log(text):
-    """The numbers of a Caffe-format training log.
-
-    Returns:
-        dict: ``iterations`` {iter: smoothed loss}, ``lr`` {iter: lr}, ``train_outputs``
-        {iter: {blob: value}}, ``tests`` [{iter, net, outputs}], ``final_forward`` (iter, loss)
-        or None, ``clipping`` [iter], ``multistep`` [(iter, step)], ``snapshots`` [file name].
-    """
-    out = {"iterations": {}, "lr": {}, "train_outputs": {}, "tests": [], "final_forward": None,
-           "clipping": [], "multistep": [], "snapshots": []}
-    current_iter, current_test = None, None
-    for line in text.splitlines():
-        m = _ITER.search(line)
-        if m:
-            current_iter, current_test = int(m.group(1)), None
-            out["iterations"][current_iter] = float(m.group(2))
-            out["train_outputs"][current_iter] = {}
-            continue
-        m = _TRAIN_OUT.search(line)
-        if m and current_iter is not None:
-            out["train_outputs"][current_iter][m.group(1)] = float(m.group(2))
-            continue
-        m = _LR.search(line)
-        if m:
-            out["lr"][int(m.group(1))] = float(m.group(2))
-            continue
-        m = _TESTING.search(line)
-        if m:
-            current_test = {"iter": int(m.group(1)), "net": int(m.group(2)), "outputs": {}}
-            out["tests"].append(current_test)
-            continue
-        m = _TEST_OUT.search(line)
-        if m and current_test is not None:
-            current_test["outputs"][m.group(1)] = float(m.group(2))
-            continue
-        m = _CLIP.search(line)
-        if m:
-            out["clipping"].append(current_iter)
-            continue
-        m = _MULTISTEP.search(line)
-        if m:
-            out["multistep"].append((int(m.group(1)), int(m.group(2))))
-            continue
-        m = _SNAP.search(line)
-        if m:
-            out["snapshots"].append(os.path.basename(m.group(1)))
-            continue
-        m = _FINAL.search(line)
-        if m:
-            out["final_forward"] = (int(m.group(1)), float(m.group(2)))
-    return out
-
-
 def _first_above(rel, its, threshold):
     idx = np.nonzero(rel > threshold)[0]
     return int(its[idx[0]]) if idx.size else None
 
 
 def _weights(path):
-    from caffe_engine.io.weights import blob_from_proto
+    from caffe_engine.io.blobproto import proto_to_array
     from caffe_engine.proto import caffe_pb2
     msg = caffe_pb2.NetParameter()
     msg.ParseFromString(Path(path).read_bytes())
-    return {(layer.name, k): blob_from_proto(b) for layer in msg.layer for k, b in enumerate(layer.blobs)}
+    return {(layer.name, k): proto_to_array(b) for layer in msg.layer for k, b in enumerate(layer.blobs)}
 
 
 def weights_distance(mine, theirs):

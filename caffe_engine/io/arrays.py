@@ -5,12 +5,13 @@ Caffe: python/caffe/io.py (``blobproto_to_array``, ``array_to_blobproto``,
 ``datum_to_array``).
 
 Same values, dtypes and shapes as pycaffe: values read from float fields come back as float64
-arrays (pycaffe builds them from Python floats), bytes of a Datum as uint8.
-For ``.binaryproto`` files (e.g. a mean image) see :mod:`caffe_engine.io.blobproto`.
+arrays (pycaffe builds them from Python floats), bytes of a Datum as uint8. The BlobProto
+rules are the codec's, :mod:`caffe_engine.io.blobproto`.
 """
 import numpy
 
 from ..errors import CaffeError
+from .blobproto import array_to_proto, proto_to_array
 
 
 def _pb2():
@@ -19,33 +20,19 @@ def _pb2():
 
 
 def blobproto_to_array(blob, return_diff=False):
-    """A ``BlobProto``'s ``data`` (or ``diff``) as a float64 array of its shape.
-
-    The legacy ``num, channels, height, width`` shape is used when any of those fields is set,
-    else ``shape.dim``.
+    """A ``BlobProto``'s ``data`` (or ``diff``) as a float64 array of its shape, by the
+    codec's rules (:func:`caffe_engine.io.blobproto.proto_to_array`: the legacy 4-D shape when
+    any of its fields is set, else ``shape.dim``).
 
     Raises:
         CaffeError: the number of values does not fit the shape.
     """
-    values = numpy.array(blob.diff if return_diff else blob.data, dtype=numpy.float64)
-    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
-        shape = (blob.num, blob.channels, blob.height, blob.width)
-    else:
-        shape = tuple(blob.shape.dim)
-    if values.size != int(numpy.prod(shape, dtype=numpy.int64)):
-        raise CaffeError(f"BlobProto holds {values.size} values, which do not fit its shape {shape}")
-    return values.reshape(shape)
+    return proto_to_array(blob, diff=return_diff, dtype=numpy.float64)
 
 
 def array_to_blobproto(arr, diff=None):
     """A ``BlobProto`` with ``shape.dim`` = ``arr.shape`` and the values of ``arr`` (and ``diff``)."""
-    arr = numpy.asarray(arr)
-    blob = _pb2().BlobProto()
-    blob.shape.dim.extend(int(d) for d in arr.shape)
-    blob.data.extend(arr.astype(float).flat)
-    if diff is not None:
-        blob.diff.extend(numpy.asarray(diff).astype(float).flat)
-    return blob
+    return array_to_proto(arr, diff=diff)
 
 
 def arraylist_to_blobprotovector_str(arraylist):
@@ -117,7 +104,7 @@ def decode_datum(datum, is_color=None):
         return datum
     import io
     from PIL import Image
-    from ..layers.image_data import read_image
+    from .images import read_image
     if is_color is None:
         try:
             with Image.open(io.BytesIO(datum.data)) as img:

@@ -1,16 +1,27 @@
-"""Binary ``BlobProto`` files (``.binaryproto``), e.g. the mean image of a dataset.
+"""The BlobProto codec: arrays and blobs to and from ``caffe_pb2.BlobProto``, and binary
+``.binaryproto`` files (e.g. the mean image of a dataset). The one home of these rules;
+``.caffemodel`` and ``.solverstate`` readers, pycaffe's ``caffe.io`` and the tools use it.
 
-Caffe: src/caffe/blob.cpp (``Blob::FromProto`` / ``ToProto``), tools/compute_image_mean.cpp,
-src/caffe/util/io.cpp (``ReadProtoFromBinaryFile``).
+Caffe: src/caffe/blob.cpp (``Blob::FromProto``, ``Blob::ToProto``, ``Blob::ShapeEquals``),
+tools/compute_image_mean.cpp, src/caffe/util/io.cpp (``ReadProtoFromBinaryFile``).
 
-A BlobProto gives its shape either with the legacy ``num, channels, height, width`` fields (what
-``compute_image_mean`` writes) or with ``shape { dim: ... }``; its values are in ``data`` (float) or
-``double_data``. :func:`read_blobproto` returns them as a float32 NumPy array of that shape;
-:func:`write_blobproto` writes one.
+Caffe's rules, as :func:`proto_to_array` applies them:
+
+- the shape is the legacy ``(num, channels, height, width)`` when any of those four fields is
+  set (files from before N-D blobs, and what ``compute_image_mean`` writes), else
+  ``shape.dim``; against a target shape, legacy 1 x 1 x 1 x N equals (N,) (the target padded
+  on the left with 1s to four axes, :func:`proto_shape`);
+- the values are ``double_data`` when it has any, else ``data`` (likewise ``double_diff`` /
+  ``diff``), and their count must be the shape's.
 """
+import os
+
 import numpy
 
+from .. import backend
 from ..errors import CaffeError
+
+LEGACY_FIELDS = ("num", "channels", "height", "width")
 
 
 def _pb2():
@@ -18,63 +29,93 @@ def _pb2():
     return caffe_pb2
 
 
-def blobproto_to_array(proto, what="BlobProto"):
-    """A ``caffe_pb2.BlobProto``'s values as a float32 array of its shape.
+def is_legacy(proto):
+    """Whether a BlobProto gives its shape with the legacy 4-D fields."""
+    return any(proto.HasField(f) for f in LEGACY_FIELDS)
+
+
+def proto_shape(proto, target_shape=None):
+    """The shape a BlobProto describes, as a tuple of ints.
+
+    With a legacy 4-D proto and ``target_shape`` given, returns ``target_shape`` when the proto's
+    (num, channels, height, width) equals the target padded on the left with 1s to four axes,
+    as Caffe's ShapeEquals accepts.
+    """
+    if is_legacy(proto):
+        legacy = (proto.num, proto.channels, proto.height, proto.width)
+        if target_shape is not None and len(target_shape) <= 4:
+            if (1,) * (4 - len(target_shape)) + tuple(target_shape) == legacy:
+                return tuple(target_shape)
+        return legacy
+    return tuple(int(d) for d in proto.shape.dim)
+
+
+def proto_to_array(proto, diff=False, dtype=numpy.float32, what="BlobProto"):
+    """A BlobProto's values (``diff``: its gradient) as an array of its shape.
 
     Args:
-        proto: the BlobProto.
-        what: how to name it in errors (e.g. the file path).
+        proto: a ``caffe_pb2.BlobProto``.
+        diff: read ``double_diff`` / ``diff`` instead of the data.
+        dtype: the array's dtype (float32 as Caffe's blobs; pycaffe's ``caffe.io`` gives float64).
+        what: how errors name the proto (e.g. its file and layer).
 
     Returns:
-        numpy.ndarray, float32, shape ``shape.dim`` when ``shape`` is set, else the legacy
-        ``(num, channels, height, width)``.
+        numpy.ndarray of :func:`proto_shape` (legacy shapes keep their four axes).
 
     Raises:
         CaffeError: the number of values does not match the shape.
     """
-    if proto.HasField("shape"):
-        shape = tuple(int(d) for d in proto.shape.dim)
+    doubles, floats = (proto.double_diff, proto.diff) if diff else (proto.double_data, proto.data)
+    if len(doubles):
+        values = numpy.asarray(doubles, dtype=numpy.float64)
     else:
-        shape = (proto.num, proto.channels, proto.height, proto.width)
-    count = int(numpy.prod(shape, dtype=numpy.int64))
-    if len(proto.double_data) and not len(proto.data):
-        values = numpy.asarray(proto.double_data, dtype=numpy.float64).astype(numpy.float32)
-    else:
-        values = numpy.asarray(proto.data, dtype=numpy.float32)
+        values = numpy.asarray(floats, dtype=numpy.float32)
+    shape = proto_shape(proto)
+    count = int(numpy.prod(shape, dtype=numpy.int64)) if shape else 1
     if values.size != count:
         raise CaffeError(f"{what}: holds {values.size} values but its shape {shape} needs {count}")
-    return values.reshape(shape)
+    return values.astype(dtype, copy=False).reshape(shape)
 
 
-def array_to_blobproto(array, legacy=None):
-    """A BlobProto holding ``array`` (float32 values in ``data``).
+def array_to_proto(array, proto=None, diff=None, legacy=False):
+    """Fill a BlobProto (a new one when ``proto`` is None) with ``array``'s shape and float32
+    values, and ``diff``'s when given (Caffe's Blob::ToProto).
 
     Args:
-        array: array-like of up to 4 axes for the legacy fields, any number otherwise.
-        legacy: write ``num/channels/height/width`` (shape padded to 4 axes with leading 1s, as
-            ``compute_image_mean`` does) instead of ``shape``. ``None``: legacy when the array has
-            at most 4 axes.
+        legacy: write the ``num/channels/height/width`` fields (the shape padded with leading
+            1s to four axes, as ``compute_image_mean`` does) instead of ``shape.dim``.
+
+    Returns:
+        the BlobProto.
 
     Raises:
-        CaffeError: ``legacy`` requested for an array of more than 4 axes.
+        CaffeError: ``legacy`` for an array of more than 4 axes.
     """
     array = numpy.asarray(array, dtype=numpy.float32)
-    if legacy is None:
-        legacy = array.ndim <= 4
-    proto = _pb2().BlobProto()
+    if proto is None:
+        proto = _pb2().BlobProto()
+    else:
+        proto.Clear()
     if legacy:
         if array.ndim > 4:
             raise CaffeError(f"a legacy BlobProto holds at most 4 axes, got shape {array.shape}")
-        num, channels, height, width = (1,) * (4 - array.ndim) + array.shape
-        proto.num, proto.channels, proto.height, proto.width = num, channels, height, width
+        proto.num, proto.channels, proto.height, proto.width = (1,) * (4 - array.ndim) + array.shape
     else:
         proto.shape.dim.extend(int(d) for d in array.shape)
     proto.data.extend(array.ravel().tolist())
+    if diff is not None:
+        proto.diff.extend(numpy.asarray(diff, dtype=numpy.float32).ravel().tolist())
     return proto
 
 
+def blob_to_proto(blob, proto, write_diff=False):
+    """Serialize a Blob into BlobProto ``proto`` as Caffe's Blob::ToProto (shape, float data)."""
+    return array_to_proto(backend.to_numpy(blob.data), proto,
+                          backend.to_numpy(blob.diff) if write_diff else None)
+
+
 def read_blobproto(path):
-    """Read a ``.binaryproto`` file into a float32 array (see :func:`blobproto_to_array`).
+    """Read a ``.binaryproto`` file into a float32 array (see :func:`proto_to_array`).
 
     Raises:
         CaffeError: the file is missing, unreadable, not a BlobProto, or inconsistent.
@@ -90,19 +131,26 @@ def read_blobproto(path):
         proto.ParseFromString(raw)
     except Exception:  # google.protobuf.message.DecodeError and friends
         raise CaffeError(f"'{path}' is not a binary BlobProto") from None
-    return blobproto_to_array(proto, what=f"BlobProto file '{path}'")
+    return proto_to_array(proto, what=f"BlobProto file '{path}'")
 
 
 def write_blobproto(path, array, legacy=None):
-    """Write ``array`` as a binary BlobProto to ``path`` (see :func:`array_to_blobproto`).
+    """Write ``array`` as a binary BlobProto to ``path``, atomically.
+
+    Args:
+        legacy: see :func:`array_to_proto`; None: legacy when the array has at most 4 axes
+            (what Caffe's compute_image_mean writes).
 
     Raises:
-        CaffeError: the file cannot be written.
+        CaffeError: the file cannot be written, or ``legacy`` for more than 4 axes.
     """
     path = str(path)
-    data = array_to_blobproto(array, legacy=legacy).SerializeToString()
+    array = numpy.asarray(array, dtype=numpy.float32)
+    data = array_to_proto(array, legacy=array.ndim <= 4 if legacy is None else legacy)
+    tmp = f"{path}.tmp"
     try:
-        with open(path, "wb") as f:
-            f.write(data)
+        with open(tmp, "wb") as f:
+            f.write(data.SerializeToString())
+        os.replace(tmp, path)
     except OSError as exc:
         raise CaffeError(f"cannot write BlobProto file '{path}': {exc.strerror or exc}") from None

@@ -12,7 +12,15 @@ ignored (logged), net layers absent from the file keep their values. Unlike the 
 shapes must match exactly (no legacy 4-D equivalence), and a missing dataset is allowed only for
 a param the net shares from another layer.
 
-``Net.copy_from`` should send paths ending in ``.h5`` here, as Caffe's CopyTrainedLayersFrom does.
+With several net layers of one name, the weights go into the *last* of them (Caffe's
+CopyTrainedLayersFromHDF5 looks the name up in ``layer_names_index_``, filled in layer order so
+the last wins; the ``.caffemodel`` path searches ``layer_names_`` and takes the first), with a
+WARNING naming the layer. Caffe cannot write such a net to HDF5 (Net::ToHDF5's second group of
+one name fails: "Error saving weights"); neither can we (one-line CaffeError).
+
+Loading is :meth:`caffe_engine.net.Net.copy_from`'s (one loader for both formats; paths ending
+in ``.h5`` are read here by :func:`read_hdf5_weights`, as Caffe's CopyTrainedLayersFrom picks
+HDF5 by the name); this module only reads and writes the files.
 """
 import numpy
 
@@ -32,88 +40,74 @@ def _open(path, mode):
         raise CaffeError(f"{path}: Couldn't open HDF5 weights file: {exc}") from None
 
 
-def _shared_from_elsewhere(net, layer_index, k):
-    """Whether param ``k`` of layer ``layer_index`` is a view of another layer's param."""
-    lp = net.layers[layer_index].param
-    if k >= len(lp.param) or not lp.param[k].name:
-        return False
-    owner = getattr(net, "_param_owner", {}).get(lp.param[k].name)
-    return owner is not None and owner != (layer_index, k)
-
-
-def load_hdf5_weights(net, path):
-    """Copy params from the HDF5 weights file ``path`` into ``net`` by layer name.
+def read_hdf5_weights(path):
+    """The layers of an HDF5 weights file, in file order (Net.copy_from matches them by name).
 
     Args:
-        net: a built :class:`caffe_engine.net.Net`.
         path: a ``.caffemodel.h5`` file written by Caffe (``snapshot_format: HDF5``).
 
     Returns:
-        list of the layer names whose params were copied.
+        list of (layer name, {param index: float32 array of the dataset's shape}); a layer
+        group without datasets gives an empty dict.
 
     Raises:
-        CaffeError: unreadable file, no ``/data`` group, more datasets than the layer has
-            params, a missing dataset for an unshared param, a non-float dataset, or a shape
-            mismatch (naming the layer, the param index and both shapes).
+        CaffeError: unreadable file, no ``/data`` group, or a dataset that is not float data
+            (naming the file, the layer and the param index).
     """
     path = str(path)
-    copied = []
+    layers = []
     with _open(path, "r") as f:
         data = f.get("data")
         if data is None or not hasattr(data, "keys"):
             raise CaffeError(f"{path}: Error reading weights: no /data group")
-        index = {name: i for i, name in enumerate(net.layer_names)}
         for name in data.keys():
-            i = index.get(name)
-            if i is None:
-                logger.info("Ignoring source layer %s", name)
-                continue
             group = data[name]
-            target = net.layers[i].blobs
-            if len(group.keys()) > len(target):
-                raise CaffeError(f"{path}: Incompatible number of blobs for layer {name} "
-                                 f"(source {len(group.keys())}, target {len(target)})")
-            logger.info("Copying source layer %s", name)
-            for k, blob in enumerate(target):
-                key = str(k)
-                if key not in group:
-                    if _shared_from_elsewhere(net, i, k):
-                        continue
-                    raise CaffeError(f"{path}: Incompatible number of blobs for layer {name} "
-                                     f"(param {k} missing)")
+            params = {}
+            for key in group.keys():
                 dataset = group[key]
+                if not key.isdigit() or not hasattr(dataset, "dtype"):
+                    raise CaffeError(f"{path}: layer {name}: unexpected entry '{key}' (params are "
+                                     f"datasets named 0, 1, ...)")
                 if dataset.dtype.kind != "f":
-                    raise CaffeError(f"{path}: layer {name} param {k}: expected float or double "
+                    raise CaffeError(f"{path}: layer {name} param {key}: expected float or double "
                                      f"data, got {dataset.dtype}")
-                shape = tuple(int(d) for d in dataset.shape)
-                if shape != tuple(blob.shape):
-                    raise CaffeError(
-                        f"{path}: Cannot copy param {k} weights from layer '{name}'; shape "
-                        f"mismatch. Source param shape is {_shape_str(shape)}; target param "
-                        f"shape is {_shape_str(blob.shape)}")
-                values = numpy.asarray(dataset[()], dtype=numpy.float32)
-                xp = backend.get_array_module(blob.data)
-                blob.data[...] = xp.asarray(values)
-            copied.append(name)
-    return copied
+                params[int(key)] = numpy.asarray(dataset[()], dtype=numpy.float32)
+            layers.append((name, params))
+    return layers
 
 
 def save_hdf5_weights(net, path, write_diff=False):
     """Write ``net``'s params in Caffe's HDF5 layout (Net::ToHDF5); every layer gets a group.
 
     A layer name containing ``/`` becomes nested groups (as HDF5 paths do).
+
+    Raises:
+        CaffeError: two layers share a name (one HDF5 group per name; Caffe's H5Gcreate2 fails
+            there: "Error saving weights to <file>"), naming the layer.
     """
     path = str(path)
+    check_unique_layer_names(net, path)
     with _open(path, "w") as f:
         groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
         for i, (name, layer) in enumerate(zip(net.layer_names, net.layers)):
             for g, attr in zip(groups, ("data", "diff")):
                 layer_group = g.create_group(name)
                 for k, blob in enumerate(layer.blobs):
-                    if attr == "data" and _shared_from_elsewhere(net, i, k):
+                    if attr == "data" and net.param_is_shared_view(i, k):
                         continue  # only a param's owner stores its values; diffs always
                     layer_group.create_dataset(str(k), data=backend.to_numpy(getattr(blob, attr))
                                                .astype(numpy.float32))
+
+
+def check_unique_layer_names(net, path):
+    """Raise CaffeError (naming ``path`` and the layer) if two layers of ``net`` share a name,
+    which an HDF5 weights file cannot hold (Net::ToHDF5's H5Gcreate2 fails on the second)."""
+    seen = set()
+    for name in net.layer_names:
+        if name in seen:
+            raise CaffeError(f"{path}: Error saving weights: the net has several layers named "
+                             f"'{name}' and HDF5 holds one group per layer name")
+        seen.add(name)
 
 
 def is_hdf5_weights(path):

@@ -14,6 +14,7 @@ from google.protobuf import text_format
 
 from ..errors import CaffeError
 from ..proto import caffe_pb2
+from .upgrade import upgrade_net, upgrade_solver
 
 
 def _read_bytes(path, what):
@@ -130,7 +131,6 @@ def read_net_param(path):
     Returns:
         caffe_pb2.NetParameter.
     """
-    from .upgrade import upgrade_net
     param = read_text_or_binary(path, caffe_pb2.NetParameter(), "net prototxt")
     return upgrade_net(param, path)
 
@@ -141,6 +141,5 @@ def read_solver_param(path):
     Returns:
         caffe_pb2.SolverParameter.
     """
-    from .upgrade import upgrade_solver
     param = read_text(path, caffe_pb2.SolverParameter(), "solver prototxt")
     return upgrade_solver(param, path)

@@ -25,7 +25,7 @@ from .. import backend
 from ..blob import Blob
 from ..errors import CaffeError
 from ..io import prototxt as pio
-from ..io.weights import blob_from_proto, blob_to_proto, proto_shape
+from ..io.blobproto import blob_to_proto, proto_shape, proto_to_array
 from ..log import g, logger
 from ..proto import caffe_pb2
 from .. import kernels
@@ -131,7 +131,7 @@ class SGDSolver(Solver):
             logger.info("SGDSolver: restoring history")
         for i, (h, saved) in enumerate(zip(self.history, history)):
             if isinstance(saved, caffe_pb2.BlobProto):
-                shape, values = proto_shape(saved, h.shape), blob_from_proto(saved)
+                shape, values = proto_shape(saved, h.shape), proto_to_array(saved)
             else:
                 values = numpy.asarray(saved, dtype=f32)
                 shape = tuple(values.shape)

@@ -6,7 +6,7 @@ import pytest
 
 import caffe_engine as caffe
 from caffe_engine.errors import CaffeError
-from caffe_engine.io.weights import blob_from_proto, proto_shape
+from caffe_engine.io.blobproto import proto_shape, proto_to_array
 from caffe_engine.proto import caffe_pb2
 from paths import SHARED
 
@@ -31,7 +31,7 @@ layer { name: "prob" type: "Softmax" bottom: "ip2" top: "prob" }
 def caffe_arrays(path):
     model = caffe_pb2.NetParameter()
     model.ParseFromString(Path(path).read_bytes())
-    return {l.name: [blob_from_proto(b) for b in l.blobs] for l in model.layer if l.blobs}
+    return {l.name: [proto_to_array(b) for b in l.blobs] for l in model.layer if l.blobs}
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_legacy_4d_blob_shape_matches_trailing_axes():
     bp = caffe_pb2.BlobProto(num=1, channels=1, height=1, width=3, data=[1, 2, 3])
     assert proto_shape(bp, (3,)) == (3,)
     assert proto_shape(bp, (3, 1)) == (1, 1, 1, 3)
-    assert blob_from_proto(bp).shape == (1, 1, 1, 3)
+    assert proto_to_array(bp).shape == (1, 1, 1, 3)
 
 
 def test_not_a_caffemodel_is_a_one_line_error(deploy, tmp_path):

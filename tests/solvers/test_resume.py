@@ -136,8 +136,7 @@ def test_exact_resume_with_hdf5_snapshots(tmp_path, caplog, cwd_back):
     weights = []
     for where in ("straight", "split"):
         net = Net(str(tmp_path / where / "net.prototxt"), caffe_pb2.TEST)
-        from caffe_engine.io.hdf5_weights import load_hdf5_weights
-        load_hdf5_weights(net, str(tmp_path / where / "tiny_iter_12.caffemodel.h5"))
+        net.load_hdf5(str(tmp_path / where / "tiny_iter_12.caffemodel.h5"))
         weights.append(np.array(net.params["ip"][0].data))
     assert np.array_equal(*weights)
 
