@@ -9,7 +9,7 @@ import os
 
 import numpy
 
-_state = {"xp": numpy, "device": 0}
+_state = {"xp": numpy, "device": 0, "solver_count": 1, "solver_rank": 0, "multiprocess": False}
 
 
 def get_array_module(*arrays):
@@ -40,19 +40,25 @@ def set_mode_cpu():
 
 
 def set_mode_gpu():
-    """Allocate new blobs with CuPy on the current device.
+    """Allocate new blobs with CuPy on the current device (pycaffe's ``set_mode_gpu``).
 
-    Raises:
-        CaffeError: CuPy is not installed or no CUDA device is visible.
+    Without a usable GPU (CuPy missing, no CUDA device) it logs one warning, the first time,
+    and keeps the CPU, as ``solver_mode: GPU`` does: scripts written for a GPU machine still
+    run. Returns True when GPU mode is on.
     """
-    from .errors import CaffeError
     try:
         import cupy
         cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(_state["device"]).use()
     except Exception as exc:  # ImportError, CUDARuntimeError
-        raise CaffeError(f"GPU mode requested but CuPy/CUDA is not available: {exc}") from None
-    cupy.cuda.Device(_state["device"]).use()
+        if not _state.get("warned_no_gpu"):
+            from .log import logger
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            logger.warning("set_mode_gpu: no usable GPU (%s); running on the CPU", reason)
+            _state["warned_no_gpu"] = True
+        return False
     _state["xp"] = cupy
+    return True
 
 
 def set_device(device_id):
@@ -60,6 +66,50 @@ def set_device(device_id):
     _state["device"] = int(device_id)
     if _state["xp"] is not numpy:
         _state["xp"].cuda.Device(_state["device"]).use()
+
+
+def solver_count():
+    """Solvers training together, as a pycaffe script set it (Caffe's ``Caffe::solver_count``;
+    1 by default; ``mpiexec`` runs take theirs from the communicator instead)."""
+    return _state["solver_count"]
+
+
+def set_solver_count(count):
+    """pycaffe's ``set_solver_count``: solvers made from now on read every ``count``-th record.
+
+    Raises:
+        ValueError: ``count`` < 1.
+    """
+    if int(count) < 1:
+        raise ValueError(f"set_solver_count: count must be at least 1, got {count}")
+    _state["solver_count"] = int(count)
+
+
+def solver_rank():
+    """This process's solver among :func:`solver_count` (Caffe's ``Caffe::solver_rank``; 0)."""
+    return _state["solver_rank"]
+
+
+def set_solver_rank(rank):
+    """pycaffe's ``set_solver_rank``: the share of the records this process's solvers read;
+    only rank 0 tests, logs the display lines and snapshots (Caffe's root solver).
+
+    Raises:
+        ValueError: ``rank`` < 0.
+    """
+    if int(rank) < 0:
+        raise ValueError(f"set_solver_rank: rank must be non-negative, got {rank}")
+    _state["solver_rank"] = int(rank)
+
+
+def multiprocess():
+    """Whether a pycaffe script declared one process per solver (``set_multiprocess``)."""
+    return _state["multiprocess"]
+
+
+def set_multiprocess(value):
+    """pycaffe's ``set_multiprocess``: recorded; solvers here are always one per process."""
+    _state["multiprocess"] = bool(value)
 
 
 def to_numpy(array):

@@ -1,7 +1,11 @@
-"""pycaffe conveniences beyond Net and the solvers: ``Classifier``, ``init_log``, ``log``.
+"""pycaffe conveniences beyond Net and the solvers: ``Classifier``, ``init_log``, ``log``,
+``Timer``, ``NCCL`` and ``has_nccl``.
 
-Caffe: python/caffe/classifier.py, python/caffe/_caffe.cpp (``init_log``, ``log``).
+Caffe: python/caffe/classifier.py, python/caffe/_caffe.cpp (``init_log``, ``log``, ``Timer``,
+``NCCL``, ``has_nccl``).
 """
+import time
+
 import numpy
 
 from . import io as caffe_io
@@ -80,3 +84,76 @@ def init_log(level=0):
 def log(message):
     """Write one INFO line to the engine's log (pycaffe's ``caffe.log``)."""
     logger.info("%s", message)
+
+
+class Timer:
+    """Wall-clock timer (pycaffe's ``caffe.Timer``, Caffe's CPUTimer): ``start()``, ``stop()``,
+    and ``ms``, the milliseconds between them (float; reading it while running stops it)."""
+
+    def __init__(self):
+        self._start = None
+        self._elapsed = None
+
+    def start(self):
+        """Start (or restart) timing."""
+        self._start = time.perf_counter()
+
+    def stop(self):
+        """Stop timing; a timer that was not started stays as it was."""
+        if self._start is not None:
+            self._elapsed = time.perf_counter() - self._start
+            self._start = None
+
+    @property
+    def ms(self):
+        """Milliseconds of the last start..stop (0 with a warning if never run, as Caffe)."""
+        if self._start is not None:
+            self.stop()
+        if self._elapsed is None:
+            from .log import logger
+            logger.warning("Timer has never been run before reading time.")
+            return 0.0
+        return self._elapsed * 1e3
+
+
+def has_nccl():
+    """Whether NCCL can reduce gradients between GPU solvers here (pycaffe's ``has_nccl``):
+    CuPy with its NCCL bindings and a CUDA device."""
+    try:
+        import cupy
+        from cupy.cuda import nccl  # noqa: F401
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, CUDARuntimeError
+        return False
+
+
+class NCCL:
+    """pycaffe's ``caffe.NCCL(solver, uid)`` as a build without NCCL has it: an object a script
+    may hand to ``solver.add_callback`` and ``net.after_backward`` that does nothing, so the
+    single-process path of multi-GPU scripts (python/train.py) runs unchanged.
+
+    Gradients of several processes are reduced by ``mpiexec -n P caffe train`` (MPI, or NCCL
+    with ``--comm nccl``), not through this object.
+
+    Raises:
+        CaffeError: ``solver_count`` > 1 (set by ``set_solver_count``): nothing here would
+            reduce the gradients of the other processes.
+    """
+
+    def __init__(self, solver, uid=""):
+        from . import backend
+        from .errors import CaffeError
+        if backend.solver_count() > 1:
+            raise CaffeError("caffe.NCCL: multi-process pycaffe training is not supported; run "
+                             "'mpiexec -n P caffe train --solver ...' instead")
+        self.solver = solver
+        self.uid = uid
+
+    def on_start(self):
+        """Solver callback: nothing to do with one solver."""
+
+    def on_gradients_ready(self):
+        """Solver callback: nothing to reduce with one solver."""
+
+    def __call__(self, layer_index):
+        """Net after-backward callback: nothing to reduce with one solver."""

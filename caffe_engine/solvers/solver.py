@@ -56,12 +56,25 @@ def load_net_weights(net, model_list):
 
 
 def copy_trained_layers(net, path):
-    """``net.copy_from(path)``, with ``.h5`` files read as Caffe's HDF5 weights."""
-    if str(path).endswith(".h5"):
-        from ..io.hdf5_weights import load_hdf5_weights
-        load_hdf5_weights(net, str(path))
-    else:
-        net.copy_from(path)
+    """``net.copy_from(path)`` (``.h5`` files are read as Caffe's HDF5 weights)."""
+    net.copy_from(path)
+
+
+def _learned_net_path(state_file, learned_net):
+    """``learned_net`` from solver state ``state_file``, checked to exist.
+
+    Caffe opens the name as stored (relative to the working directory; no search beside the
+    state file). A missing file is one CaffeError line naming both, with a hint when a file of
+    that name lies beside the state (the run that wrote it worked from another folder).
+    """
+    if os.path.exists(learned_net):
+        return learned_net
+    hint = ""
+    beside = os.path.join(os.path.dirname(state_file), os.path.basename(learned_net))
+    if os.path.exists(beside):
+        hint = f"; {beside} exists: run from the folder the snapshot was taken in"
+    raise CaffeError(f"{state_file}: learned_net '{learned_net}' does not exist (opened as "
+                     f"written, relative to the working directory {os.getcwd()}){hint}")
 
 
 class Solver:
@@ -69,6 +82,7 @@ class Solver:
 
     Args:
         param: caffe_pb2.SolverParameter, or a solver prototxt path.
+        source: the file a SolverParameter was read from, for messages (optional).
 
     SolverParameter fields read here (the update rule reads its own): ``net`` / ``net_param`` /
     ``train_net`` / ``train_net_param`` (exactly one), ``test_net`` / ``test_net_param`` and the
@@ -92,13 +106,20 @@ class Solver:
 
     type = None
 
-    def __init__(self, param, comm=None, bucket_mb=25.0, debug_sync=False):
+    def __init__(self, param, comm=None, bucket_mb=25.0, debug_sync=False, source=None):
+        #: the solver file (the path given, or ``source=``), else "<SolverParameter>": names
+        #: the solver's embedded nets in messages
+        self.source = str(source) if source is not None else "<SolverParameter>"
         if not isinstance(param, caffe_pb2.SolverParameter):
-            param = pio.read_solver_param(str(param))
+            self.source = str(param)
+            param = pio.read_solver_param(self.source)
         self.param = param
         self.comm = comm if comm is not None and comm.size > 1 else None
-        self.rank = self.comm.rank if self.comm is not None else 0
-        self.solver_count = self.comm.size if self.comm is not None else 1
+        # Without a communicator, pycaffe's set_solver_count / set_solver_rank decide (Caffe's
+        # process-wide Caffe::solver_count / solver_rank; 1 and 0 unless a script set them).
+        self.rank = self.comm.rank if self.comm is not None else backend.solver_rank()
+        self.solver_count = self.comm.size if self.comm is not None else backend.solver_count()
+        self.callbacks = []
         self.debug_sync = bool(debug_sync)
         self.grad_sync = None
         logger.info("Initializing solver from parameters: \n%s", param)
@@ -132,8 +153,39 @@ class Solver:
         self.test_nets = self._init_test_nets()
         if self.comm is not None:
             self._init_data_parallel(bucket_mb)
+        elif self.solver_count > 1:
+            # pycaffe's multi-process scripts: this solver reads its share of the records, as
+            # Caffe's DataLayer skips by solver_count / solver_rank; gradients are the script's.
+            from ..comm import distributed
+            distributed.deal_records(self.net, self.rank, self.solver_count)
         logger.info("Solver scaffolding done.")
         self.init_state()
+
+    # -- pycaffe's hooks ---------------------------------------------------------------------
+    def add_callback(self, on_start, on_gradients_ready=None):
+        """Call ``on_start()`` at the start of every iteration (after its tests) and
+        ``on_gradients_ready()`` after forward/backward, before the update (pycaffe's
+        ``solver.add_callback``; Caffe's Solver::Callback). A single object with both methods
+        (pycaffe's ``caffe.NCCL``) is accepted too.
+
+        Raises:
+            CaffeError: neither two callables nor an object with both methods.
+        """
+        if on_gradients_ready is None:
+            callback = on_start
+            if not (callable(getattr(callback, "on_start", None))
+                    and callable(getattr(callback, "on_gradients_ready", None))):
+                raise CaffeError("add_callback: give on_start and on_gradients_ready callables, "
+                                 "or an object with both methods")
+        else:
+            if not (callable(on_start) and callable(on_gradients_ready)):
+                raise CaffeError("add_callback: on_start and on_gradients_ready must be callable")
+            callback = _Callback(on_start, on_gradients_ready)
+        self.callbacks.append(callback)
+
+    def share_weights(self, net):
+        """Make ``net`` use this solver's train-net weights, by layer name (pycaffe's)."""
+        net.share_trained_layers_with(self.net)
 
     # -- data parallelism -------------------------------------------------------------------
     @property
@@ -192,6 +244,31 @@ class Solver:
         for model_list in self.param.weights:
             load_net_weights(net, model_list)
 
+    def _inline_net_param(self, inline, field):
+        """A copy of the solver's embedded NetParameter ``field`` (``net_param``,
+        ``train_net_param`` or a ``test_net_param``), upgraded as a net file is.
+
+        Nets read from files go through UpgradeNetAsNeeded (ReadNetParamsFromTextFileOrDie);
+        Caffe's InitTrainNet/InitTestNets copy an embedded net as it is, so BVLC Caffe builds an
+        embedded V1 (``layers {}``) net without any of its layers and trains it with loss 0.
+        Here the embedded net is upgraded too, with a WARNING saying so.
+
+        Raises:
+            CaffeError: where the upgrade refuses the net (e.g. ``layer`` and ``layers`` mixed),
+                naming the solver and the field.
+        """
+        from ..io.upgrade import net_needs_upgrade, upgrade_net
+        net_param = caffe_pb2.NetParameter()
+        net_param.CopyFrom(inline)
+        if net_needs_upgrade(net_param):
+            where = f"{getattr(self, 'source', '<SolverParameter>')}: {field}"
+            if len(net_param.layers):
+                logger.warning("%s uses the deprecated V1 'layers' field: upgraded here (BVLC "
+                               "Caffe does not upgrade a net embedded in a solver and would "
+                               "build it without those layers)", where)
+            upgrade_net(net_param, where)
+        return net_param
+
     def _init_train_net(self):
         p = self.param
         sources = [p.HasField("train_net_param"), p.HasField("train_net"),
@@ -202,15 +279,13 @@ class Solver:
                              f"({sum(sources)} given)")
         if p.HasField("train_net_param"):
             logger.info("Creating training net specified in train_net_param.")
-            net_param = caffe_pb2.NetParameter()
-            net_param.CopyFrom(p.train_net_param)
+            net_param = self._inline_net_param(p.train_net_param, "train_net_param")
         elif p.HasField("train_net"):
             logger.info("Creating training net from train_net file: %s", p.train_net)
             net_param = pio.read_net_param(p.train_net)
         elif p.HasField("net_param"):
             logger.info("Creating training net specified in net_param.")
-            net_param = caffe_pb2.NetParameter()
-            net_param.CopyFrom(p.net_param)
+            net_param = self._inline_net_param(p.net_param, "net_param")
         else:
             logger.info("Creating training net from net file: %s", p.net)
             net_param = pio.read_net_param(p.net)
@@ -251,8 +326,7 @@ class Solver:
         nets = []
         for i, (kind, inline, path) in enumerate(specs):
             if inline is not None:
-                net_param = caffe_pb2.NetParameter()
-                net_param.CopyFrom(inline)
+                net_param = self._inline_net_param(inline, kind)
             else:
                 net_param = pio.read_net_param(path)
             state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
@@ -344,6 +418,8 @@ class Solver:
                     self.requested_early_exit = self._root_value(self.requested_early_exit)
                 if self.requested_early_exit:
                     break
+            for callback in self.callbacks:
+                callback.on_start()
             display = p.display and self.iter % p.display == 0
             loss = f32(0)
             for k in range(p.iter_size):
@@ -362,6 +438,8 @@ class Solver:
                             g(per_s), g(lapse), p.display, g(self.smoothed_loss))
                 last_iter, last_time = self.iter, now
                 self._log_outputs(self.net, "Train")
+            for callback in self.callbacks:
+                callback.on_gradients_ready()
             self.apply_update()
             self.iter += 1
             if self.debug_sync and self.comm is not None:
@@ -517,13 +595,18 @@ class Solver:
     def restore(self, state_file, exact_resume=None):
         """Restore iter, lr step, history and (via ``learned_net``) weights from a solver state.
 
-        A name ending in ``.h5`` is read as an HDF5 solver state, anything else as a binary
-        ``.solverstate`` (as Caffe's Solver::Restore). With ``exact_resume`` (default: the
-        :attr:`exact_resume` attribute) the ``.resume`` side file is applied too.
+        A name ending in ``.h5`` is read as an HDF5 solver state (Caffe's layout or this
+        engine's older one, see :mod:`caffe_engine.io.hdf5_snapshot`), anything else as a
+        binary ``.solverstate`` (as Caffe's Solver::Restore). The ``learned_net`` named in the
+        state is opened as written, i.e. relative to the working directory, as Caffe's
+        RestoreSolverStateFrom* pass it straight to CopyTrainedLayersFrom. With
+        ``exact_resume`` (default: the :attr:`exact_resume` attribute) the ``.resume`` side file
+        is applied too.
 
         Raises:
-            CaffeError: unreadable or malformed state, weights that do not fit, history of the
-                wrong length or shape, a missing or foreign side file.
+            CaffeError: unreadable or malformed state, a ``learned_net`` file that does not
+                exist (one line naming it and the state), weights that do not fit, history of
+                the wrong length or shape, a missing or foreign side file.
         """
         state_file = str(state_file)
         if exact_resume is None:
@@ -532,15 +615,15 @@ class Solver:
             from ..io.hdf5_snapshot import load_solver_state_hdf5
             state = load_solver_state_hdf5(state_file)
             self.iter = state["iter"]
-            if state["learned_net"]:
-                copy_trained_layers(self.net, state["learned_net"])
+            if state["learned_net"] is not None:
+                copy_trained_layers(self.net, _learned_net_path(state_file, state["learned_net"]))
             self._set_current_step(state["current_step"])
             self.restore_state(state["history"], log=False)
         else:
             state = pio.read_binary(state_file, caffe_pb2.SolverState(), "solverstate")
             self.iter = state.iter
             if state.HasField("learned_net"):
-                copy_trained_layers(self.net, state.learned_net)
+                copy_trained_layers(self.net, _learned_net_path(state_file, state.learned_net))
             self._set_current_step(state.current_step)
             self.restore_state(list(state.history), log=True)
         if exact_resume:
@@ -552,3 +635,11 @@ class Solver:
     def _set_current_step(self, step):
         self.current_step = step
         self.lr_state["current_step"] = step
+
+
+class _Callback:
+    """Two callables as one Solver callback."""
+
+    def __init__(self, on_start, on_gradients_ready):
+        self.on_start = on_start
+        self.on_gradients_ready = on_gradients_ready
