@@ -1,4 +1,5 @@
-"""pycaffe's surface beyond Net and the solvers, through ``import caffe``: coord_map, draw,
+"""pycaffe's surface beyond Net and the solvers, through ``import caffe`` (the tutorial flows are
+tests/pycaffe_scripts/, run by tests/test_pycaffe_scripts.py): the import name, coord_map, draw,
 Detector, the net and solver callbacks, solver_count/rank, NCCL, Timer, set_mode_gpu without a
 GPU, and the CAFFE_ENGINE_NO_ALIAS switch.
 
@@ -24,6 +25,20 @@ from tiny_train import tiny_solver
 FCN8S = SHARED / "realworld/shelhamer__fcn.berkeleyvision.org/voc-fcn8s/train.prototxt"
 CIFAR_DEPLOY = SHARED / "realworld/yuvval__nn_ex1/examples/cifar10/cifar10_full.prototxt"
 CIFAR_WEIGHTS = SHARED / "realworld/yuvval__nn_ex1/examples/cifar10/cifar10_full_iter_70000.caffemodel"
+
+
+def test_import_caffe_is_the_engine():
+    import caffe_engine
+    assert caffe.Net is caffe_engine.Net and caffe.SGDSolver is caffe_engine.SGDSolver
+    assert caffe.io is caffe_engine.io and caffe_pb2 is caffe_engine.proto.caffe_pb2
+    assert caffe.layers is caffe_engine.net_spec.layers and caffe.Layer is caffe_engine.Layer
+    assert caffe.TRAIN == caffe_pb2.TRAIN and caffe.TEST == caffe_pb2.TEST
+    assert P.Pooling.MAX == caffe_pb2.PoolingParameter.MAX
+    import importlib
+    classifier, detector, pycaffe = (importlib.import_module(f"caffe.{name}")
+                                     for name in ("classifier", "detector", "pycaffe"))
+    assert classifier.Classifier is caffe.Classifier is caffe_engine.Classifier
+    assert detector.Detector is caffe.Detector and pycaffe.Net is caffe.Net
 
 
 # -- coord_map: FCN-8s, as fcn.berkeleyvision.org's voc-fcn8s/net.py writes it ------------------

@@ -12,7 +12,7 @@ import os
 import numpy as np
 from PIL import Image
 
-import caffe_engine as caffe
+import caffe
 
 SHARED = os.environ.get("CAFFE_SHARED") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared")

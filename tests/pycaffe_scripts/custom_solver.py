@@ -11,7 +11,7 @@ import os
 import numpy as np
 from google.protobuf import text_format
 
-import caffe_engine as caffe
+import caffe
 
 SHARED = os.environ.get("CAFFE_SHARED") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared")

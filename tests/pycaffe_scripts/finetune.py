@@ -10,8 +10,8 @@ import os
 
 import numpy as np
 
-import caffe_engine as caffe
-L, P = caffe.layers, caffe.params   # pycaffe: from caffe import layers as L, params as P
+import caffe
+from caffe import layers as L, params as P
 
 SHARED = os.environ.get("CAFFE_SHARED") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared")

@@ -13,7 +13,7 @@ import os
 import lmdb
 import numpy as np
 
-import caffe_engine as caffe
+import caffe
 
 SHARED = os.environ.get("CAFFE_SHARED") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared")

@@ -8,7 +8,7 @@ import ast
 
 import numpy as np
 
-import caffe_engine as caffe
+import caffe
 
 
 class EuclideanLossLayer(caffe.Layer):

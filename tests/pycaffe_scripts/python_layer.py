@@ -8,7 +8,7 @@ caffe.SGDSolver: the Python layer's own parameter is learned.
 
 import numpy as np
 
-import caffe_engine as caffe
+import caffe
 
 NET = """name: "regression"
 force_backward: true

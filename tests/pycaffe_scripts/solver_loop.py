@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-import caffe_engine as caffe
+import caffe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.environ.get("CAFFE_SHARED") or os.path.join(HERE, "..", "..", "..", "shared")
