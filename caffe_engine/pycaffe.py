@@ -13,6 +13,23 @@ from .log import logger, setup_logging
 from .net import TEST, Net
 
 
+def input_transformer(net, mean=None, input_scale=None, raw_scale=None, channel_swap=None):
+    """The Transformer of ``net``'s first input for (H, W, K) images, as pycaffe's Classifier
+    and Detector set it up: transpose (2, 0, 1), then each step given (None: left out)."""
+    in_ = net.inputs[0]
+    transformer = caffe_io.Transformer({in_: net.blobs[in_].data.shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer
+
+
 class Classifier(Net):
     """A deploy net with its image preprocessing, predicting class scores (pycaffe's).
 
@@ -32,16 +49,7 @@ class Classifier(Net):
                  raw_scale=None, channel_swap=None):
         super().__init__(model_file, TEST, weights=pretrained_file)
         in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = numpy.array(self.blobs[in_].shape[2:])
         self.image_dims = tuple(image_dims) if image_dims is not None else tuple(self.crop_dims)
 
