@@ -25,7 +25,7 @@ import time
 import numpy
 
 from . import backend
-from .errors import CaffeError
+from .errors import CaffeError, one_line
 from .log import g, init_glog, log_to_files, logger
 
 USAGE = """caffe: command line brew
@@ -104,6 +104,11 @@ _BOOL_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
                 "false": False, "f": False, "no": False, "n": False, "0": False}
 
 
+#: gflags' int32 range (tools/caffe.cpp DEFINE_int32: strto32 refuses values outside it).
+INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
+_GFLAGS_TYPE = {int: "int32", float: "double", str: "string", bool: "bool"}
+
+
 class UsageError(CaffeError):
     """A command-line mistake: usage text is printed with the message."""
 
@@ -152,10 +157,33 @@ def parse_flags(argv):
             value = argv[i]
             i += 1
         try:
-            values[name] = kind(value)
+            parsed = kind(value)
+            if kind is int and not INT32_MIN <= parsed <= INT32_MAX:
+                raise ValueError(value)
+            if kind is float and parsed != parsed:
+                raise ValueError(value)                        # NaN
         except ValueError:
-            raise UsageError(f"illegal value '{value}' specified for {kind.__name__} flag '{name}'") from None
+            raise UsageError(f"illegal value '{_clip(value)}' specified for "
+                             f"{_GFLAGS_TYPE[kind]} flag '{name}'") from None
+        values[name] = parsed
     return positional, values
+
+
+def _clip(text, limit=60):
+    """``text`` cut in the middle to about ``limit`` characters (a flag value in a message)."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]}"
+
+
+def _positive_iterations(flags):
+    """``--iterations`` for test and time: at least 1 (Caffe would divide by it).
+
+    Raises:
+        UsageError: zero or negative.
+    """
+    if flags["iterations"] < 1:
+        raise UsageError(f"--iterations must be a positive number of iterations, got "
+                         f"{flags['iterations']}")
+    return flags["iterations"]
 
 
 def _stages(flags):
@@ -209,6 +237,8 @@ def train(flags):
     if flags["comm"] not in ALGORITHMS:
         raise CaffeError(f"--comm: unknown communicator '{flags['comm']}' "
                          f"(known: {', '.join(ALGORITHMS)})")
+    if not 0 < flags["bucket_mb"] < float("inf"):
+        raise UsageError(f"--bucket_mb must be a positive size in MiB, got {flags['bucket_mb']}")
     ctx = distributed.init(flags["comm"])
     if ctx.size == 1:
         return _train(flags, None)
@@ -361,6 +391,7 @@ def test(flags):
         raise UsageError("Need a model definition to score.")
     if not flags["weights"]:
         raise UsageError("Need model weights to score.")
+    _positive_iterations(flags)
     _select_device(flags)
     net = Net(flags["model"], _phase(flags, "TEST"), level=flags["level"], stages=_stages(flags))
     copy_trained_layers(net, flags["weights"])
@@ -416,6 +447,7 @@ def time_(flags):
     from .net import Net
     if not flags["model"]:
         raise UsageError("Need a model definition to time.")
+    _positive_iterations(flags)
     phase = _phase(flags, "TRAIN")
     _select_device(flags)
     net = Net(flags["model"], phase, level=flags["level"], stages=_stages(flags))
@@ -561,12 +593,12 @@ def main(argv=None):
     except UsageError as exc:
         if _speaks():
             sys.stderr.write(USAGE)
-            sys.stderr.write(f"caffe: {exc}\n")
+            sys.stderr.write(f"caffe: {one_line(exc)}\n")
         return 1
     except CaffeError as exc:
         log_to_files(logging.ERROR, "%s", exc)
         if _speaks():
-            sys.stderr.write(f"caffe: {exc}\n")
+            sys.stderr.write(f"caffe: {one_line(exc)}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("caffe: interrupted\n")

@@ -8,3 +8,20 @@ line prints that line and exits with status 1; it never shows a traceback for on
 
 class CaffeError(Exception):
     """A user error with a one-line, self-explanatory message (no traceback is shown for it)."""
+
+
+#: Longest error line printed whole (issue 15): longer ones keep their start and end.
+MAX_LINE = 300
+
+
+def one_line(message, limit=MAX_LINE):
+    """``message`` as one printable line: its first line, and when that is longer than
+    ``limit`` characters, its start and end around `` ... `` (a repeated path or prototxt line
+    keeps what names it, not 15 KB of it)."""
+    text = str(message)
+    line = text.splitlines()[0] if text else ""
+    if len(line) <= limit:
+        return line
+    keep = limit - 5
+    head = keep * 2 // 3
+    return f"{line[:head]} ... {line[len(line) - (keep - head):]}"

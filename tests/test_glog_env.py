@@ -159,7 +159,7 @@ def test_command_line_glog_flags(tmp_path):
     rc, err, _ = caffe("time", "--model=deploy.prototxt", "--minloglevel=x", cwd=tmp_path,
                        env=clean_env())
     assert rc == 1 and "Traceback" not in err
-    assert err.strip().splitlines()[-1] == "caffe: illegal value 'x' specified for int flag 'minloglevel'"
+    assert err.strip().splitlines()[-1] == "caffe: illegal value 'x' specified for int32 flag 'minloglevel'"
 
 
 def test_an_unusable_log_dir_is_one_line_and_the_run_goes_on(tmp_path):

@@ -32,7 +32,7 @@ import sys
 import numpy
 
 from .. import backend, kernels
-from ..errors import CaffeError
+from ..errors import CaffeError, one_line
 from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
                            launcher_rank_size)
 
@@ -258,9 +258,11 @@ def check_params_in_sync(net, comm, iteration=None, diff=False):
 # Faults
 # --------------------------------------------------------------------------------------------
 def _describe(exc):
+    """One line for a rank's failure: a CaffeError's message, else the exception's type and
+    first line (an MPI error stack condensed), shortened in the middle past 300 characters."""
     if isinstance(exc, CaffeError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
+        return one_line(exc)
+    return one_line(f"{type(exc).__name__}: {exc}")
 
 
 def install_excepthook(rank, size):

@@ -80,16 +80,24 @@ def read_text_or_binary(path, msg, what="proto"):
             raise CaffeError(f"{path}: neither a text nor a binary {what}") from None
 
 
+#: Temporary files of the atomic writer are ``.tmp-<target name>.<random><suffix>`` beside the
+#: target, so that a killed writer's leftovers can be found by the target's name.
+TEMP_PREFIX = ".tmp-"
+
+
 def write_atomic_with(path, write, suffix=""):
     """Have ``write(tmp_path)`` create the file at a temporary name beside ``path``, then rename
-    it onto ``path``: readers never see a half-written file, and a failure leaves none behind.
+    it onto ``path``: readers never see a half-written file, and a failure leaves none behind
+    (a SIGKILL may leave the temporary file; :func:`remove_stale_temporaries` clears those).
 
     Raises:
-        CaffeError: the folder is missing or not writable.
+        CaffeError: the folder is missing or not writable, or writing fails (a full disk, an
+            I/O error): one line naming ``path`` and the cause; ``path`` keeps its old content.
     """
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.path.basename(path)}.",
+                                   suffix=suffix, dir=folder)
     except OSError as exc:
         raise CaffeError(f"{path}: cannot write: {exc.strerror or exc}") from None
     os.close(fd)
@@ -97,12 +105,37 @@ def write_atomic_with(path, write, suffix=""):
         write(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise CaffeError(f"{path}: cannot write: {exc.strerror or exc}; the previous file, "
+                             f"if any, is unchanged") from None
         raise
+
+
+def remove_stale_temporaries(prefix):
+    """Delete the atomic writer's leftovers for files whose names start with ``prefix``'s base
+    name, in ``prefix``'s folder (e.g. a snapshot prefix ``snapshots/lenet``: the
+    ``.tmp-lenet_iter_*`` files a killed run left). Returns the paths removed; unreadable
+    folders and files that vanish meanwhile are skipped."""
+    folder = os.path.dirname(os.path.abspath(prefix)) if prefix else os.getcwd()
+    start = TEMP_PREFIX + os.path.basename(prefix)
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(start):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(os.path.join(folder, name))
+            except OSError:
+                pass
+    return removed
 
 
 def write_atomic(path, data):

@@ -128,6 +128,8 @@ class Solver:
         if param.iter_size < 1:
             raise CaffeError("solver: iter_size must be at least 1")
         self._check_snapshot_prefix()
+        if self.is_root:
+            self._remove_stale_snapshot_temporaries()
         if self.comm is not None:
             self._check_same_config()
             if param.random_seed >= 0:
@@ -554,6 +556,12 @@ class Solver:
         return means
 
     # -- snapshots --------------------------------------------------------------------------
+    def _remove_stale_snapshot_temporaries(self):
+        """Delete temporary snapshot files a killed run left (``.tmp-<prefix>_iter_*``), at the
+        start and before each snapshot; logged, one line per file."""
+        for path in pio.remove_stale_temporaries(f"{self.param.snapshot_prefix}_iter_"):
+            logger.info("Removed a temporary file a previous run left: %s", path)
+
     def snapshot_filename(self, extension):
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
 
@@ -565,6 +573,7 @@ class Solver:
         state's ``.resume`` side file: ``resume_content`` (every rank's, from
         :func:`resume.gather`) or this process's own.
         """
+        self._remove_stale_snapshot_temporaries()
         fmt = self.param.snapshot_format
         if fmt == caffe_pb2.SolverParameter.HDF5:
             from ..io.hdf5_snapshot import save_net_hdf5

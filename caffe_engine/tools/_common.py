@@ -3,7 +3,7 @@ bars (the streaming database writers are in caffe_engine.io: ``db.open_writer``)
 import argparse
 import sys
 
-from ..errors import CaffeError
+from ..errors import CaffeError, one_line
 from ..log import init_glog
 
 
@@ -20,9 +20,9 @@ def run(prog, body, argv):
     try:
         status = body(argv)
     except (CaffeError, OSError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = one_line(exc) or type(exc).__name__
         if isinstance(exc, OSError) and exc.filename and exc.strerror:
-            message = f"{exc.filename}: {exc.strerror}"
+            message = one_line(f"{exc.filename}: {exc.strerror}")
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
