@@ -9,11 +9,57 @@ floats longer (see :func:`caffe_engine.kernels.cpu.conv_plan.slack_after`).
 import numpy
 
 from . import backend
+from .errors import CaffeError
 
 DTYPE = numpy.float32
 #: Floats allocated past the end of every data and diff array (not part of the blob): compiled
 #: kernels may read a vector beyond a blob's last element without a copy of the blob.
 SLACK = 64
+
+
+#: Caffe's limit on a blob's element count (Blob::Reshape: "blob size exceeds INT_MAX").
+INT_MAX = 2 ** 31 - 1
+
+
+def available_bytes():
+    """Memory this process could still get, in bytes: Linux's MemAvailable, else physical memory
+    (None when neither is known)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import os
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_shape(shape):
+    """The element count of ``shape``, after Caffe's checks (Blob::Reshape, blob.cpp) and one of
+    ours: every dim non-negative, the count at most INT_MAX, and its data and diff (8 bytes an
+    element) within the memory available, so that no allocation fails half-way.
+
+    Raises:
+        CaffeError: naming the shape and, for memory, the bytes needed and available.
+    """
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise CaffeError(f"blob dimensions must be non-negative, got shape {shape}")
+        count *= d
+    if count > INT_MAX:
+        raise CaffeError(f"blob size exceeds INT_MAX: shape {shape} has {count} elements")
+    needed = 2 * 4 * count
+    if needed > 1 << 28:                       # only large blobs are worth reading /proc for
+        free = available_bytes()
+        if free is not None and needed > free:
+            raise CaffeError(f"a blob of shape {shape} needs {needed} bytes (data and diff), "
+                             f"more than the {free} bytes of memory available")
+    return count
 
 
 class Blob:
@@ -22,6 +68,9 @@ class Blob:
     Args:
         shape: iterable of non-negative ints, e.g. (N, C, H, W); () for a scalar blob.
         xp: array module to allocate with (default: the current mode's, see ``backend``).
+
+    Raises:
+        CaffeError: a shape Caffe refuses or this machine cannot hold (:func:`check_shape`).
     """
 
     __slots__ = ("_shape", "data", "diff", "_xp")
@@ -38,16 +87,16 @@ class Blob:
         if len(shape) == 1 and not isinstance(shape[0], (int, numpy.integer)):
             shape = shape[0]
         shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ValueError(f"blob dimensions must be non-negative, got {shape}")
         if shape == self._shape:
             return
-        self._shape = shape
-        count = 1
-        for d in shape:
-            count *= d
-        self.data = self._xp.zeros(count + SLACK, DTYPE)[:count].reshape(shape)
-        self.diff = self._xp.zeros(count + SLACK, DTYPE)[:count].reshape(shape)
+        count = check_shape(shape)
+        try:
+            data = self._xp.zeros(count + SLACK, DTYPE)[:count].reshape(shape)
+            diff = self._xp.zeros(count + SLACK, DTYPE)[:count].reshape(shape)
+        except MemoryError:
+            raise CaffeError(f"a blob of shape {shape} needs {2 * 4 * count} bytes (data and "
+                             f"diff), more than this machine can allocate") from None
+        self._shape, self.data, self.diff = shape, data, diff
 
     def reshape_like(self, other):
         """Reshape to ``other``'s shape."""

@@ -325,7 +325,7 @@ class Net:
             self.bottom_need_backward.append(bottom_need)
 
             logger.info("Setting up %s", lp.name)
-            layer.setup(bottoms, tops)
+            _setup_layer(layer, lp, bottoms, tops)
             for j, blob_id in enumerate(top_ids):
                 self._blob_loss_weights[blob_id] = layer.loss(j)
                 logger.info("Top shape: %s (%d)", " ".join(str(d) for d in tops[j].shape),
@@ -458,8 +458,11 @@ class Net:
             for hook in self.before_forward_hooks:
                 hook(i)
             layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
-            layer.reshape(bottom, top)
-            layer.forward(bottom, top)
+            try:
+                layer.reshape(bottom, top)
+                layer.forward(bottom, top)
+            except _SETUP_FAILURES as exc:
+                raise _layer_failure(layer, bottom, "forward", exc) from None
             for hook in self.forward_hooks:
                 hook(i)
             for j, blob in enumerate(top):
@@ -485,7 +488,12 @@ class Net:
             for hook in self.before_backward_hooks:
                 hook(i)
             if self.layer_need_backward[i]:
-                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+                try:
+                    self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
+                                            self.bottom_vecs[i])
+                except _SETUP_FAILURES as exc:
+                    raise _layer_failure(self.layers[i], self.bottom_vecs[i], "backward",
+                                         exc) from None
             for hook in self.backward_hooks:
                 hook(i)
 
@@ -952,3 +960,35 @@ def _first_length(arrays):
 
 def _shape_str(shape):
     return " ".join(str(d) for d in shape) + f" ({int(numpy.prod(shape)) if shape else 1})"
+
+
+#: What a layer's setup raises on parameters or shapes it cannot work with, when no check of
+#: its own caught them first (a zero-size division, an axis out of range, a size overflow).
+_SETUP_FAILURES = (ZeroDivisionError, IndexError, OverflowError, ValueError, MemoryError)
+
+
+def _setup_layer(layer, lp, bottoms, tops):
+    """``layer.setup``, with every failure one CaffeError line naming the layer and its type.
+
+    Raises:
+        CaffeError: the layer's own message prefixed with the layer when it lacks it, or the
+            failure's type and message for an error no check of the layer anticipated.
+    """
+    where = f"layer '{lp.name}' ({lp.type})"
+    try:
+        layer.setup(bottoms, tops)
+    except CaffeError as exc:
+        if lp.name and f"'{lp.name}'" not in str(exc) and f"{lp.name}:" not in str(exc):
+            raise CaffeError(f"{where}: {exc}") from None
+        raise
+    except _SETUP_FAILURES as exc:
+        raise _layer_failure(layer, bottoms, "set up", exc, lp) from None
+
+
+def _layer_failure(layer, bottoms, what, exc, lp=None):
+    """A CaffeError line for ``exc`` raised while ``layer`` ran ``what`` (set up, forward,
+    backward): the layer's name and type, its bottom shapes, and the failure."""
+    lp = lp if lp is not None else layer.param
+    shapes = ", ".join(str(tuple(b.shape)) for b in bottoms) or "no bottoms"
+    return CaffeError(f"layer '{lp.name}' ({lp.type}): cannot {what} with these parameters and "
+                      f"bottom shapes ({shapes}): {type(exc).__name__}: {exc}")

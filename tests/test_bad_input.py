@@ -106,3 +106,97 @@ def test_temporaries_a_killed_run_left_are_removed_at_the_next_start(tmp_path, m
     from caffe_engine.solvers import get_solver
     get_solver(str(solver_path))
     assert not any(p.exists() for p in stale) and other.exists()
+
+
+# -- shapes and sizes: refused before anything is allocated, naming the layer -------------------
+INPUT_NET = ('name: "n"\nlayer {{ name: "in" type: "Input" top: "data" input_param {{ {shape} }} }}\n'
+             'layer {{ name: "conv" type: "Convolution" bottom: "data" top: "c" '
+             'convolution_param {{ {conv} weight_filler {{ type: "xavier" }} }} }}\n')
+
+
+@pytest.mark.parametrize("shape, conv, expected", [
+    ("shape { }", "num_output: 4 kernel_size: 3", "layer 'conv' (Convolution)"),
+    ("shape { dim: 2 dim: -2 dim: 8 dim: 8 }", "num_output: 4 kernel_size: 3",
+     "layer 'in' (Input): blob dimensions must be non-negative"),
+    ("shape { dim: 100000 dim: 100000 dim: 1 dim: 1 }", "num_output: 4 kernel_size: 1",
+     "blob size exceeds INT_MAX"),
+    ("shape { dim: 2 dim: 3 dim: 8 dim: 8 }", "num_output: 4 kernel_size: 3 pad: 1000000",
+     "layer 'conv' (Convolution): blob size exceeds INT_MAX"),
+    ("shape { dim: 2 dim: 3 dim: 8 dim: 8 }", "num_output: 4000000000 kernel_size: 3",
+     "layer 'conv' (Convolution): blob size exceeds INT_MAX"),
+    ("shape { dim: 2 dim: 3 dim: 8 dim: 8 }", "num_output: 4 kernel_size: 3 stride: 2147483647",
+     "layer 'conv' (Convolution)"),
+    ("shape { dim: 2 dim: 0 dim: 8 dim: 8 }", "num_output: 4 kernel_size: 3",
+     "layer 'conv' (Convolution)"),
+    ("shape { dim: 0 dim: 3 dim: 8 dim: 8 }", "num_output: 4 kernel_size: 3",
+     "layer 'conv' (Convolution)"),
+])
+def test_shapes_and_sizes_are_one_line_naming_the_layer(shape, conv, expected, tmp_path):
+    model = tmp_path / "net.prototxt"
+    model.write_text(INPUT_NET.format(shape=shape, conv=conv))
+    line = last_line_error(caffe("time", "--model", str(model), "--iterations", "1"))
+    assert line.startswith("caffe: ") and expected in line
+
+
+def test_a_blob_larger_than_memory_is_refused_with_its_size(monkeypatch):
+    from caffe_engine import blob
+    monkeypatch.setattr(blob, "available_bytes", lambda: 10 ** 9)
+    with pytest.raises(CaffeError, match=r"needs 2000000000 bytes .* 1000000000 bytes"):
+        blob.Blob((250000000,))
+    assert blob.Blob((1000,)).count == 1000
+
+
+def test_test_iter_zero_logs_no_outputs_instead_of_failing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    solver_path = tiny_solver(tmp_path, max_iter=1, extra="test_iter: 0\n")
+    done = caffe("train", "--solver", str(solver_path), cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "Testing net (#0)" in done.stderr and "Test net output" not in done.stderr
+
+
+# -- the prototxt parser as strict as Caffe's C++ TextFormat::Parse -----------------------------
+@pytest.mark.parametrize("text, expected", [
+    ('layer { name: "c" type: "Convolution" convolution_param { num_output: 4 num_output: 6 } }',
+     'should not have multiple "num_output" fields'),
+    ('layer { name: "conv\\q1" type: "ReLU" }', "Invalid escape sequence in string literal."),
+    ('layer { name: "a\x00b" type: "ReLU" }', "Invalid control characters encountered in text."),
+    ('layer { name: "a" type: "ReLU" }\n\x07', "Invalid control characters encountered in text."),
+    ('input: "data" input_dim: 1 input_dim: 1 input_dim: 2 input_dim: 2\n'
+     'input_shape { dim: 1 dim: 1 dim: 2 dim: 2 }\n',
+     "Must specify either input_shape OR deprecated input_dim, not both."),
+])
+def test_prototxt_parser_refuses_what_caffes_refuses(text, expected, tmp_path):
+    model = tmp_path / "net.prototxt"
+    model.write_bytes(text.encode("utf-8"))
+    line = last_line_error(caffe("time", "--model", str(model), "--iterations", "1"))
+    assert line.startswith(f"caffe: {model}") and expected in line
+
+
+def test_escapes_caffe_accepts_still_parse():
+    from caffe_engine.proto import caffe_pb2
+    msg = pio.parse_text('name: "a\\000b\\x41\\n\\t\\"\\\\" # a comment with \\q\n',
+                         caffe_pb2.NetParameter())
+    assert msg.name == 'a\x00bA\n\t"\\'
+
+
+# -- storage ------------------------------------------------------------------------------------
+def test_a_truncated_lmdb_is_refused_before_any_read(tmp_path):
+    """Half of data.mdb: LMDB would SIGBUS on the first page past the end; the header's page
+    count against the file's length refuses it first, naming the file."""
+    import shutil
+    from paths import SHARED
+    copy = tmp_path / "mnist_test_lmdb"
+    shutil.copytree(SHARED / "data/mnist_5k/mnist_test_lmdb", copy)
+    data = copy / "data.mdb"
+    data.chmod(0o644)
+    os.truncate(data, data.stat().st_size // 2)
+    net = tmp_path / "net.prototxt"
+    net.write_text((ROOT / "models/lenet/lenet_train_test.prototxt").read_text()
+                   .replace("data/mnist/mnist_test_lmdb", str(copy))
+                   .replace("data/mnist/mnist_train_lmdb", str(copy)))
+    (tmp_path / "w.caffemodel").write_bytes(b"")
+    done = caffe("test", "--model", str(net), "--weights", str(tmp_path / "w.caffemodel"),
+                 "--iterations", "1000", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    line = last_line_error(done)
+    assert "is truncated" in line and str(data) in line

@@ -43,11 +43,16 @@ def tiny_solver(folder, kind="SGD", max_iter=12, extra=""):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "net.prototxt").write_text(tiny_net())
     base_lr = 0.5 if kind == "AdaDelta" else 0.01
-    (folder / "solver.prototxt").write_text(
-        f'net: "net.prototxt"\ntype: "{kind}"\n{HYPER[kind]}\nbase_lr: {base_lr}\n'
-        f'lr_policy: "step"\ngamma: 0.5\nstepsize: 5\nweight_decay: 0.0005\n'
-        f"test_iter: 2\ntest_interval: 4\ndisplay: 1\naverage_loss: 3\nmax_iter: {max_iter}\n"
-        f'snapshot_prefix: "tiny"\nrandom_seed: 77\nsolver_mode: CPU\n{extra}')
+    defaults = (f'net: "net.prototxt"\ntype: "{kind}"\n{HYPER[kind]}\nbase_lr: {base_lr}\n'
+                f'lr_policy: "step"\ngamma: 0.5\nstepsize: 5\nweight_decay: 0.0005\n'
+                f"test_iter: 2\ntest_interval: 4\ndisplay: 1\naverage_loss: 3\n"
+                f'max_iter: {max_iter}\nsnapshot_prefix: "tiny"\nrandom_seed: 77\nsolver_mode: CPU\n')
+    # A field in ``extra`` replaces the default's (the parser, as Caffe's, refuses a
+    # non-repeated field given twice).
+    given = set(re.findall(r"^\s*(\w+)\s*:", extra, re.M))
+    kept = [line for line in defaults.splitlines(keepends=True)
+            if line.split(":", 1)[0].strip() not in given]
+    (folder / "solver.prototxt").write_text("".join(kept) + extra)
     return folder / "solver.prototxt"
 
 

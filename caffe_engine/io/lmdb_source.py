@@ -45,10 +45,34 @@ def _open_env(path, readonly=True, map_size=10 * 1024 * 1024):
             and os.path.isfile(os.path.join(path, "CURRENT")):
         raise CaffeError(f"'{path}' is a LevelDB, not an LMDB (use the LEVELDB backend)")
     try:
-        return lmdb.open(path, readonly=readonly, lock=False, readahead=False, subdir=subdir,
-                         map_size=map_size, create=not readonly, max_dbs=0)
+        env = lmdb.open(path, readonly=readonly, lock=False, readahead=False, subdir=subdir,
+                        map_size=map_size, create=not readonly, max_dbs=0)
     except lmdb.Error as exc:
         raise CaffeError(f"cannot open LMDB '{path}': {exc}") from None
+    if readonly:
+        _check_length(env, path, os.path.join(path, "data.mdb") if subdir else path)
+    return env
+
+
+def _check_length(env, path, data_file):
+    """Refuse a data file shorter than the pages its own header says are in use: LMDB maps the
+    file and a read of a page past its end is a SIGBUS that kills the process (a truncated
+    copy, a full disk while it was written). The meta page's last page number and page size
+    are what mdb_env_open read from the header; nothing past it has been touched yet.
+
+    Raises:
+        CaffeError: naming the file, its length and the length the header needs.
+    """
+    try:
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        length = os.path.getsize(data_file)
+    except (OSError, KeyError) as exc:
+        env.close()
+        raise CaffeError(f"cannot open LMDB '{path}': {exc}") from None
+    if length < needed:
+        env.close()
+        raise CaffeError(f"LMDB '{path}' is truncated: {data_file} holds {length} bytes but its "
+                         f"header uses {needed}")
 
 
 # Python's lmdb refuses to open one environment twice in a process, but a TRAIN and a TEST net

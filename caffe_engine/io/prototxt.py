@@ -25,14 +25,73 @@ def _read_bytes(path, what):
         raise CaffeError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
 
 
+#: Characters C++ protobuf's tokenizer accepts after a backslash in a string literal
+#: (google/protobuf/io/tokenizer.cc ConsumeString): simple escapes, octal, hex, unicode.
+_ESCAPES = set("abfnrtv\\?'\"01234567xuU")
+_CONTROL_OK = set("\t\n\r\v\f")
+
+
+def _check_tokens(text, where):
+    """What C++ protobuf's tokenizer refuses and Python's ``text_format`` lets through: an
+    invalid escape in a string literal, a control character outside comments and strings, and a
+    NUL anywhere (Caffe reads prototxt with the C++ parser).
+
+    Raises:
+        CaffeError: ``where:line:column: reason`` with the C++ parser's reason.
+    """
+    line, col, i, n = 1, 1, 0, len(text)
+
+    def fail(reason):
+        raise CaffeError(f"{where}:{line}:{col}: {reason}")
+
+    while i < n:
+        c = text[i]
+        if c == "\x00":
+            fail("Invalid control characters encountered in text.")
+        if c == "#":                                   # a comment runs to the end of the line
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            if "\x00" in text[i:j]:
+                col += text.index("\x00", i) - i
+                fail("Invalid control characters encountered in text.")
+            col += j - i
+            i = j
+            continue
+        if c in "\"'":
+            quote, i, col = c, i + 1, col + 1
+            while i < n and text[i] != quote:
+                if text[i] == "\n":
+                    fail("String literals cannot cross line boundaries.")
+                if text[i] == "\x00":
+                    fail("Invalid control characters encountered in text.")
+                if text[i] == "\\":
+                    if i + 1 >= n or text[i + 1] not in _ESCAPES:
+                        fail("Invalid escape sequence in string literal.")
+                    i, col = i + 1, col + 1
+                i, col = i + 1, col + 1
+            i, col = i + 1, col + 1
+            continue
+        if c == "\n":
+            line, col = line + 1, 1
+        else:
+            if ord(c) < 32 and c not in _CONTROL_OK:
+                fail("Invalid control characters encountered in text.")
+            col += 1
+        i += 1
+
+
 def parse_text(text, msg, path="<string>"):
-    """Merge prototxt ``text`` into protobuf message ``msg`` and return it.
+    """Parse prototxt ``text`` into protobuf message ``msg`` and return it, as strictly as
+    Caffe's C++ ``TextFormat::Parse``: a non-repeated field given twice, a bad escape or a
+    control character is an error (Python's ``text_format.Merge`` would take the last value or
+    the raw character).
 
     Raises:
         CaffeError: ``path:line:column: reason`` on a syntax or schema error.
     """
+    _check_tokens(text, path)
     try:
-        text_format.Merge(text, msg)
+        text_format.Parse(text, msg)
     except text_format.ParseError as exc:
         line, col = exc.GetLine(), exc.GetColumn()
         reason = str(exc)

@@ -461,11 +461,16 @@ def upgrade_net_input(param):
 
     Raises:
         CaffeError: the number of shapes or dims does not match the inputs (Caffe would read
-            past the end of the list).
+            past the end of the list), or both ``input_shape`` and ``input_dim`` are given
+            (Caffe's Net::Init of the input-field era refused that: "Must specify either
+            input_shape OR deprecated input_dim, not both."; the later upgrade silently
+            ignores the dims).
     """
     names = list(param.input)
     shapes = list(param.input_shape)
     dims = list(param.input_dim)
+    if shapes and dims:
+        raise CaffeError("Must specify either input_shape OR deprecated input_dim, not both.")
     if shapes or dims:
         layer = caffe_pb2.LayerParameter(name="input", type="Input")
         if shapes and len(shapes) < len(names):
@@ -559,7 +564,10 @@ def upgrade_net_as_needed(param, path="<net>", notes=None):
     if net_needs_input_upgrade(param):
         log.info(f"Attempting to upgrade input file specified using deprecated input fields: "
                  f"{path}")
-        upgrade_net_input(param)
+        try:
+            upgrade_net_input(param)
+        except CaffeError as exc:
+            raise CaffeError(f"{path}: {exc}") from None
         log.info("Successfully upgraded file specified using deprecated input fields.")
         log.warning("Note that future Caffe releases will only support input layers and not "
                     "input fields.")

@@ -551,7 +551,9 @@ class Solver:
             return None
         if p.test_compute_loss:
             logger.info("Test loss: %s", g(f32(loss / f32(n))))
-        means = {name: (s / f32(n)).astype(f32) for name, s in (sums or {}).items()}
+        if sums is None:        # test_iter <= 0: nothing was scored, and Caffe logs no output
+            return {}
+        means = {name: (s / f32(n)).astype(f32) for name, s in sums.items()}
         self._log_outputs(net, "Test", means)
         return means
 
