@@ -55,6 +55,15 @@ def read_hdf5_weights(path):
             (naming the file, the layer and the param index).
     """
     path = str(path)
+    try:
+        return _read_layers(path)
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        # h5py's errors for a damaged file (a bad symbol table, a truncated chunk, ...)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CaffeError(f"{path}: Error reading weights: damaged HDF5 file ({first})") from None
+
+
+def _read_layers(path):
     layers = []
     with _open(path, "r") as f:
         data = f.get("data")
