@@ -28,6 +28,7 @@ import numpy
 
 from .. import backend
 from ..errors import CaffeError
+from .hdf5_weights import damaged_hdf5
 from .prototxt import write_atomic_with
 
 
@@ -126,12 +127,8 @@ def load_solver_state_hdf5(path):
             one string; a ``history`` group whose members are not ``0`` .. ``n-1`` float
             datasets. The message names the file and the dataset.
     """
-    try:
+    with damaged_hdf5(f"{path}: cannot read HDF5 solver state"):
         return _read_solver_state(path)
-    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-        # h5py's errors for a damaged file (a bad symbol table, a truncated chunk, ...)
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CaffeError(f"{path}: cannot read HDF5 solver state: damaged file ({first})") from None
 
 
 def _read_solver_state(path):

@@ -22,6 +22,8 @@ Loading is :meth:`caffe_engine.net.Net.copy_from`'s (one loader for both formats
 in ``.h5`` are read here by :func:`read_hdf5_weights`, as Caffe's CopyTrainedLayersFrom picks
 HDF5 by the name); this module only reads and writes the files.
 """
+import contextlib
+
 import numpy
 
 from .. import backend
@@ -55,12 +57,20 @@ def read_hdf5_weights(path):
             (naming the file, the layer and the param index).
     """
     path = str(path)
-    try:
+    with damaged_hdf5(f"{path}: Error reading weights"):
         return _read_layers(path)
+
+
+@contextlib.contextmanager
+def damaged_hdf5(what):
+    """Turn h5py's errors for a damaged file (a bad symbol table, a truncated chunk, ... as
+    OSError, RuntimeError, KeyError, ValueError or TypeError) into one CaffeError line starting
+    with ``what`` (the file and the action)."""
+    try:
+        yield
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-        # h5py's errors for a damaged file (a bad symbol table, a truncated chunk, ...)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CaffeError(f"{path}: Error reading weights: damaged HDF5 file ({first})") from None
+        raise CaffeError(f"{what}: damaged HDF5 file ({first})") from None
 
 
 def _read_layers(path):
