@@ -28,7 +28,7 @@ def test_convolution(name, kernel_set):
     layer, bottoms, tops = make_layer(
         f'name: "conv" type: "Convolution" bottom: "x" top: "y" '
         f'convolution_param {{ {conv} }}', [gaussian(shape)])
-    check_gradient(layer, bottoms, tops, [0])
+    assert check_gradient(layer, bottoms, tops, [0])
 
 
 def test_convolution_two_bottoms_share_weights(kernel_set):
@@ -36,7 +36,7 @@ def test_convolution_two_bottoms_share_weights(kernel_set):
         'name: "conv" type: "Convolution" bottom: "a" bottom: "b" top: "ya" top: "yb" '
         'convolution_param { num_output: 2 kernel_size: 3 pad: 1 }',
         [gaussian((1, 2, 4, 4), 4), gaussian((1, 2, 4, 4), 5)])
-    check_gradient(layer, bottoms, tops, [0, 1])
+    assert check_gradient(layer, bottoms, tops, [0, 1])
 
 
 # -- Pooling -------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ def test_pooling(name, kernel_set):
         f'name: "pool" type: "Pooling" bottom: "x" {tops} pooling_param {{ {pool} }}',
         [distinct(shape)])
     # The mask top is an index, not a function to differentiate: only top 0 is the objective.
-    check_gradient(layer, bottoms, tops, [0], top_id=0 if len(tops) > 1 else None)
+    assert check_gradient(layer, bottoms, tops, [0], top_id=0 if len(tops) > 1 else None)
 
 
 # -- InnerProduct ----------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_inner_product(ip, shape, kernel_set):
     layer, bottoms, tops = make_layer(
         f'name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param {{ {ip} }}',
         [gaussian(shape)])
-    check_gradient(layer, bottoms, tops, [0])
+    assert check_gradient(layer, bottoms, tops, [0])
 
 
 # -- ReLU ------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_relu(slope, kernel_set):
     layer, bottoms, tops = make_layer(
         f'name: "relu" type: "ReLU" bottom: "x" top: "y" relu_param {{ negative_slope: {slope} }}',
         [x])
-    check_gradient(layer, bottoms, tops, [0], kink=0.0, kink_range=0.01)
+    assert check_gradient(layer, bottoms, tops, [0], kink=0.0, kink_range=0.01)
 
 
 # -- Softmax and SoftmaxWithLoss -------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_softmax(axis, shape):
     layer, bottoms, tops = make_layer(
         f'name: "sm" type: "Softmax" bottom: "x" top: "y" softmax_param {{ axis: {axis} }}',
         [gaussian(shape)])
-    check_gradient(layer, bottoms, tops, [0])
+    assert check_gradient(layer, bottoms, tops, [0])
 
 
 @pytest.mark.parametrize("extra, shape, label_shape", [
@@ -111,10 +111,10 @@ def test_softmax_with_loss(extra, shape, label_shape):
     layer, bottoms, tops = make_layer(
         f'name: "loss" type: "SoftmaxWithLoss" bottom: "x" bottom: "label" top: "loss" {extra}',
         [gaussian(shape), labels])
-    check_gradient(layer, bottoms, tops, [0])
+    assert check_gradient(layer, bottoms, tops, [0])
 
 
 def test_split_sums_top_gradients():
     layer, bottoms, tops = make_layer('name: "s" type: "Split" bottom: "x" top: "a" top: "b" top: "c"',
                                       [gaussian((2, 3, 4))])
-    check_gradient(layer, bottoms, tops, [0])
+    assert check_gradient(layer, bottoms, tops, [0])
