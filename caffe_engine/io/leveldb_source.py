@@ -32,6 +32,7 @@ import tempfile
 import threading
 
 from ..errors import CaffeError
+from .closing import Closing
 
 logger = logging.getLogger("caffe_engine")
 
@@ -187,7 +188,7 @@ def _release(key):
             handle.close()
 
 
-class LevelDBCursor:
+class LevelDBCursor(Closing):
     """A wrapping cursor over a LevelDB's records in key order (Caffe's LevelDBCursor plus
     DataLayer's ``Next``); the same interface as :class:`~caffe_engine.io.lmdb_source.LMDBCursor`.
 
@@ -290,18 +291,6 @@ class LevelDBCursor:
         key, self._key = getattr(self, "_key", None), None
         if key is not None:
             _release(key)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
 
 def iter_items(path):

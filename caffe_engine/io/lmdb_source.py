@@ -19,6 +19,7 @@ import os
 import threading
 
 from ..errors import CaffeError
+from .closing import Closing
 
 logger = logging.getLogger("caffe_engine")
 
@@ -106,7 +107,7 @@ def _release_env(key):
             entry[0].close()
 
 
-class LMDBCursor:
+class LMDBCursor(Closing):
     """A wrapping cursor over an LMDB's records in key order (Caffe's LMDBCursor plus ``Next``).
 
     Args:
@@ -180,18 +181,6 @@ class LMDBCursor:
         key, self._env_key = getattr(self, "_env_key", None), None
         if key is not None:
             _release_env(key)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
 
 def read_all(path):
