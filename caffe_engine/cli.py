@@ -25,6 +25,7 @@ import time
 import numpy
 
 from . import backend
+from .comm import supervisor
 from .errors import CaffeError, one_line
 from .log import g, init_glog, log_to_files, logger
 
@@ -581,6 +582,10 @@ def main(argv=None):
     ``--alsologtostderr``, ``--stderrthreshold``, ``--minloglevel``, ``--v``) override it. A
     command's error is also written to the log files as an ``E`` line.
     """
+    # Under mpiexec, as the program itself (not called from Python with MPI perhaps running):
+    # a parent that names this rank if a signal kills it.
+    if argv is None and supervisor.wanted():
+        supervisor.run()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         positional, flags = parse_flags(argv)

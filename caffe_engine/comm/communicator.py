@@ -30,7 +30,7 @@ Fault handling: every blocking wait inside a communicator runs under a process-w
 one operation waits longer than ``timeout`` seconds (default 50, env ``CAFFE_COMM_TIMEOUT``;
 0 disables), the watchdog prints one line naming the rank and the operation and calls
 ``MPI_Abort`` on ``COMM_WORLD``, so every rank exits non-zero instead of hanging. A rank that
-is killed is detected faster by ``mpiexec`` itself, which then kills the others.
+is killed is detected at once by the peer watch (:mod:`.peer_watch`), or by ``mpiexec``.
 
 Without mpi4py, or with a world of one process, :func:`get_communicator` returns a
 :class:`LocalCommunicator` whose operations are no-ops: nothing changes without MPI.
@@ -105,10 +105,14 @@ ABORT_GRACE_S = 0.5
 
 
 def abort_world(message, code=1):
-    """Print ``message`` on stderr and abort every rank of ``COMM_WORLD`` (or exit if no MPI)."""
+    """Print ``message`` on stderr (nothing when empty) and abort every rank of ``COMM_WORLD``
+    (or exit if no MPI). Rank 0's peer watch is told first, so it prints no second line."""
+    from . import peer_watch
+    peer_watch.announce_failure()
     try:
-        sys.stderr.write(message.rstrip("\n") + "\n")
-        sys.stderr.flush()
+        if message:
+            sys.stderr.write(message.rstrip("\n") + "\n")
+            sys.stderr.flush()
     except Exception:  # stderr closed: abort all the same
         pass
     MPI = mpi_module() if "mpi4py.MPI" in sys.modules else None

@@ -21,7 +21,9 @@ One process per worker, started by ``mpiexec -n P caffe train ...``. Caffe's mul
 Faults: :func:`guard` (or :func:`install_excepthook`) turns an exception on one rank into a
 one-line message and ``MPI_Abort``, which makes ``mpiexec`` end every rank with a non-zero status;
 the communicators' watchdog aborts a wait that outlives its timeout (a rank that hangs or exits
-without aborting); a killed rank is noticed by ``mpiexec`` itself. No rank hangs.
+without aborting); a killed rank is noticed within milliseconds by the peer watch
+(:mod:`.peer_watch`: a TCP connection to rank 0 reads end-of-file), which names it in one line
+and aborts the job, whether or not ``mpiexec`` cleans up by itself. No rank hangs.
 """
 import contextlib
 import hashlib
@@ -32,6 +34,7 @@ import sys
 import numpy
 
 from .. import backend, kernels
+from . import peer_watch
 from ..errors import CaffeError, one_line
 from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
                            launcher_rank_size)
@@ -79,6 +82,8 @@ def init(algorithm="tree", install_handlers=True, **opts):
         share_cores(comm)
         if install_handlers:
             install_excepthook(ctx.rank, ctx.size)
+            if hasattr(comm, "comm"):
+                peer_watch.start(comm.comm)
     return ctx
 
 
@@ -257,12 +262,32 @@ def check_params_in_sync(net, comm, iteration=None, diff=False):
 # --------------------------------------------------------------------------------------------
 # Faults
 # --------------------------------------------------------------------------------------------
+def _is_mpi_error(exc):
+    """Whether ``exc`` is mpi4py's ``MPI.Exception`` (an MPI call that returned an error)."""
+    return type(exc).__module__.startswith("mpi4py")
+
+
 def _describe(exc):
-    """One line for a rank's failure: a CaffeError's message, else the exception's type and
-    first line (an MPI error stack condensed), shortened in the middle past 300 characters."""
+    """One line for a rank's failure: a CaffeError's message; an MPI error stack condensed to
+    its class and its innermost cause; else the exception's type and first line. Shortened in
+    the middle past 300 characters."""
     if isinstance(exc, CaffeError):
         return one_line(exc)
+    if _is_mpi_error(exc):
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        what = lines[0].replace(", error stack:", "") if lines else "MPI error"
+        causes = [line.split(":", 1)[1].strip() for line in lines[1:]
+                  if ":" in line and line.split(":", 1)[1].strip()]
+        cause = f" ({causes[-1]})" if causes else ""
+        return one_line(f"an MPI call failed: {what}{cause}; another rank has probably died")
     return one_line(f"{type(exc).__name__}: {exc}")
+
+
+def _failure_line(rank, size, exc):
+    """``caffe_engine: rank R of P failed: ...`` — or, for an MPI error (this rank saw another
+    fail), ``caffe_engine: rank R of P: an MPI call failed ...``."""
+    verb = ":" if _is_mpi_error(exc) else " failed:"
+    return f"caffe_engine: rank {rank} of {size}{verb} {_describe(exc)}; aborting all ranks"
 
 
 def install_excepthook(rank, size):
@@ -270,10 +295,9 @@ def install_excepthook(rank, size):
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        if not isinstance(value, CaffeError):
+        if not isinstance(value, CaffeError) and not _is_mpi_error(value):
             previous(kind, value, tb)
-        abort_world(f"caffe_engine: rank {rank} of {size} failed: {_describe(value)}; "
-                    "aborting all ranks")
+        abort_world(_failure_line(rank, size, value))
 
     sys.excepthook = hook
     return hook
@@ -299,8 +323,7 @@ def guard(ctx):
                     f"{exc.code}; aborting all ranks", code=exc.code if isinstance(exc.code, int)
                     else 1)
     except BaseException as exc:  # noqa: B902 - every failure must end the job
-        if not isinstance(exc, CaffeError):
+        if not isinstance(exc, CaffeError) and not _is_mpi_error(exc):
             import traceback
-            traceback.print_exc()
-        abort_world(f"caffe_engine: rank {ctx.rank} of {ctx.size} failed: {_describe(exc)}; "
-                    "aborting all ranks")
+            traceback.print_exc()       # a bug: its traceback is what its reader needs
+        abort_world(_failure_line(ctx.rank, ctx.size, exc))

@@ -232,3 +232,33 @@ def test_iteration_time_overlap_hides_communication():
     layers, grads = cost_model.uniform_layers(0.3, 30e6, num_layers=10)
     assert sum(grads.values()) == pytest.approx(30e6)
     assert sum(f + b for f, b in layers.values()) == pytest.approx(0.3)
+
+
+def test_an_mpi_error_stack_becomes_one_line_naming_its_cause():
+    """mpi4py's MPI.Exception carries MPICH's multi-line error stack: the failure line keeps its
+    class and innermost cause, says the rank saw another fail, and has no newline."""
+    from caffe_engine.comm import distributed
+
+    class MPIException(Exception):
+        pass
+    MPIException.__module__ = "mpi4py.MPI"
+    stack = MPIException("Other MPI error, error stack:\n"
+                         "internal_Wait(105).....: MPI_Wait(request=0x7f, status=0x1) failed\n"
+                         "MPIR_Wait(745).........: \n"
+                         "copy_iovs(224).........: process_vm_readv failed (errno 3)")
+    line = distributed._failure_line(0, 2, stack)
+    assert line == ("caffe_engine: rank 0 of 2: an MPI call failed: Other MPI error "
+                    "(process_vm_readv failed (errno 3)); another rank has probably died; "
+                    "aborting all ranks")
+    assert distributed._failure_line(1, 4, RuntimeError("boom\nmore")) == \
+        "caffe_engine: rank 1 of 4 failed: RuntimeError: boom; aborting all ranks"
+
+
+def test_the_supervisor_is_wanted_only_for_a_multi_rank_launch():
+    from caffe_engine.comm import supervisor
+    assert not supervisor.wanted({})
+    assert not supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "1"})
+    assert supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    assert not supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "2", "CAFFE_SUPERVISED": "1"})
+    assert not supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "2", "CAFFE_SUPERVISE": "0"})
+    assert supervisor.describe_signal(9) == "signal 9 (SIGKILL)"
