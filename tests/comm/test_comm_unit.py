@@ -254,8 +254,12 @@ def test_an_mpi_error_stack_becomes_one_line_naming_its_cause():
         "caffe_engine: rank 1 of 4 failed: RuntimeError: boom; aborting all ranks"
 
 
-def test_the_supervisor_is_wanted_only_for_a_multi_rank_launch():
+def test_the_supervisor_is_wanted_only_for_a_multi_rank_launch(monkeypatch):
+    import sys
     from caffe_engine.comm import supervisor
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", object())    # MPI may be running: never fork
+    assert not supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI")
     assert not supervisor.wanted({})
     assert not supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "1"})
     assert supervisor.wanted({"PMI_RANK": "0", "PMI_SIZE": "2"})
