@@ -9,7 +9,7 @@ floats longer (see :func:`caffe_engine.kernels.cpu.conv_plan.slack_after`).
 import numpy
 
 from . import backend
-from .errors import CaffeError
+from .errors import AxisError, CaffeError
 
 DTYPE = numpy.float32
 #: Floats allocated past the end of every data and diff array (not part of the blob): compiled
@@ -155,11 +155,11 @@ class Blob:
         """Map a possibly negative axis index into [0, num_axes) (Caffe's CanonicalAxisIndex).
 
         Raises:
-            IndexError: axis out of range.
+            AxisError: axis out of range (a CaffeError and an IndexError).
         """
         n = len(self._shape)
         if not -n <= axis < max(n, 1):
-            raise IndexError(f"axis {axis} out of range for a {n}-axis blob {self._shape}")
+            raise AxisError(f"axis {axis} out of range for a {n}-axis blob {self._shape}")
         return axis + n if axis < 0 else axis
 
     def share_data(self, other):

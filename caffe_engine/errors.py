@@ -10,6 +10,11 @@ class CaffeError(Exception):
     """A user error with a one-line, self-explanatory message (no traceback is shown for it)."""
 
 
+class AxisError(CaffeError, IndexError):
+    """An axis index out of range for a blob (Caffe's ``CanonicalAxisIndex`` CHECKs); also an
+    IndexError, so code that catches that keeps working."""
+
+
 #: Longest error line printed whole (issue 15): longer ones keep their start and end.
 MAX_LINE = 300
 

@@ -48,6 +48,9 @@ class FlattenLayer(Layer):
         p = self.param.flatten_param
         b = bottom[0]
         start, end = _axis(self, b, p.axis), _axis(self, b, p.end_axis)
+        if end < start:     # Blob::count(start, end) CHECK_LE(start, end)
+            raise self.error(f"end_axis ({p.end_axis}) comes before axis ({p.axis}) for a "
+                             f"{len(b.shape)}-axis blob {tuple(b.shape)}")
         shape = b.shape[:start] + (b.count_range(start, end + 1),) + b.shape[end + 1:]
         _share_view(top[0], b, shape)
 

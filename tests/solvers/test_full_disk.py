@@ -57,3 +57,34 @@ def test_enospc_in_the_second_snapshot_is_one_line_and_the_first_survives(tmp_pa
     assert "tiny_iter_2.caffemodel" in listing and "tiny_iter_2.solverstate" in listing, listing
     assert not [name for name in listing if name.startswith(".tmp-")], listing
     assert "resumed at 2" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "missing_dir", "read_only"])
+def test_a_snapshot_that_cannot_be_written_is_refused_at_start_in_one_line(where, tmp_path):
+    """The rest of the family: the prefix under a regular file (ENOTDIR), in a directory that
+    does not exist (ENOENT), on a read-only mount (EROFS; root ignores permission bits, so a
+    read-only tmpfs stands in for EACCES). As Caffe's CheckSnapshotWritePermissions, the solver
+    tries a file there before the first iteration and refuses with Caffe's message."""
+    target = {"under_a_file": tmp_path / "file" / "tiny", "missing_dir": tmp_path / "no" / "tiny",
+              "read_only": tmp_path / "disk" / "tiny"}[where]
+    (tmp_path / "file").write_text("a file, not a directory")
+    (tmp_path / "disk").mkdir()
+    solver = tiny_solver(tmp_path, max_iter=2,
+                         extra=f'snapshot: 2\nsnapshot_prefix: "{target}"\ntest_interval: 100\n')
+    env = dict(os.environ, GLOG_logtostderr="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    train = [sys.executable, "-m", "caffe_engine", "train", "--solver", str(solver)]
+    if where == "read_only":
+        ok, why = can_mount_tmpfs(tmp_path / "disk")
+        if not ok:
+            pytest.skip(why)
+        train = ["unshare", "--mount", "sh", "-c",
+                 f"mount -t tmpfs -o ro,size=64k tmpfs '{tmp_path / 'disk'}' && exec \"$@\"",
+                 "sh", *train]
+    done = subprocess.run(train, capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"caffe: Cannot write to snapshot prefix '{target}'. Make sure that the "
+                    "directory exists and is writable."), last
+    assert "Iteration 0" not in done.stderr
