@@ -13,7 +13,7 @@ restores the data cursors and random streams (see ``solvers/resume.py``).
 
 Data-parallel training (FireCaffe; not in Caffe's tool, which used ``--gpu 0,1,..`` threads):
 ``mpiexec -n P caffe train --solver S`` runs one solver per process; ``--comm`` picks the
-gradient allreduce (tree, ring, ps, mpi, nccl; default tree), ``--bucket_mb`` the gradient
+gradient allreduce (tree, ring, ps, mpi, hier, nccl; default tree), ``--bucket_mb`` the gradient
 bucket size (default 25) and ``--debug_sync`` checks after every update that all ranks hold
 bitwise identical weights. A failure on one rank ends every rank (``comm/distributed.py``).
 Without a launcher, or with one process, training is exactly the one-process run.
@@ -65,7 +65,7 @@ commands:
     -sighup_effect (Optional; action to take when a SIGHUP signal is received:
       snapshot, stop or none.) type: string default: "snapshot"
     -comm (Not in Caffe; under mpiexec, the gradient allreduce: tree, ring, ps,
-      mpi or nccl.) type: string default: "tree"
+      mpi, hier[:ring|:tree] or nccl.) type: string default: "tree"
     -bucket_mb (Not in Caffe; under mpiexec, the gradient bucket size in MiB.)
       type: double default: 25
     -debug_sync (Not in Caffe; under mpiexec, check after every update that all
@@ -233,11 +233,11 @@ def train(flags):
     Raises:
         CaffeError: unknown ``--comm`` (one line), and whatever training raises.
     """
-    from .comm import distributed
-    from .comm.communicator import ALGORITHMS
-    if flags["comm"] not in ALGORITHMS:
-        raise CaffeError(f"--comm: unknown communicator '{flags['comm']}' "
-                         f"(known: {', '.join(ALGORITHMS)})")
+    from .comm import distributed, registry
+    try:
+        registry.resolve(flags["comm"])   # name, alias or name:option (e.g. hier:tree)
+    except CaffeError as exc:
+        raise CaffeError(f"--comm: {exc}") from None
     if not 0 < flags["bucket_mb"] < float("inf"):
         raise UsageError(f"--bucket_mb must be a positive size in MiB, got {flags['bucket_mb']}")
     ctx = distributed.init(flags["comm"])

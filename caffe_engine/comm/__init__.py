@@ -1,11 +1,18 @@
 """Data parallelism between solver steps: communicators, gradient buckets, the cost model.
 
 See :mod:`.communicator` for the interface (``allreduce_``, ``allreduce_async_``, ``bcast_``,
-``barrier``), :mod:`.tree` for FireCaffe's reduction tree, :mod:`.buckets` for overlapping the
-gradient allreduce with the backward pass, :mod:`.distributed` for the glue of a data-parallel
-run (ranks, seeds, record dealing, consistency checks, fault handling) and :mod:`.cost_model`
-for the alpha-beta model and predicted speedups. Nothing here imports MPI until it is asked for.
+``barrier``), :mod:`.registry` for selection by name, :mod:`.tree` for FireCaffe's reduction
+tree, :mod:`.hier` for the hierarchical (node-aware) allreduce, :mod:`.buckets` for overlapping
+the gradient allreduce with the backward pass, :mod:`.distributed` for the glue of a
+data-parallel run (ranks, seeds, record dealing, consistency checks, fault handling) and
+:mod:`.cost_model` for the alpha-beta model and predicted speedups. Nothing here imports MPI until
+it is asked for.
+
+The algorithm modules are imported here, in this order, so that they register themselves
+(:func:`.registry.register`); the order is that of ``ALGORITHMS`` and of the known names in
+error messages.
 """
 from .buckets import GradientSync  # noqa: F401
 from .communicator import (ALGORITHMS, Communicator, Handle, LocalCommunicator,  # noqa: F401
                            get_communicator, launched_under_mpi, launcher_rank_size)
+from . import tree, ring, ps, mpi, hier, nccl  # noqa: F401,E402  (they register themselves)

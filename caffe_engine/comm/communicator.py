@@ -3,7 +3,7 @@
 A layer never knows about ranks and a communicator never knows about layers: they meet in flat
 gradient buffers (see :mod:`.buckets`). Every algorithm has the same interface:
 
-    comm = get_communicator("tree")          # or "ring", "ps", "mpi", "nccl"
+    comm = get_communicator("tree")          # or "ring", "ps", "mpi", "hier", "nccl"
     comm.allreduce_(buf, op="mean")          # in place, blocking
     h = comm.allreduce_async_(buf)           # in place, returns at once
     ...                                      # compute something else
@@ -15,7 +15,8 @@ multi-GPU solvers do (``caffe_gpu_scal(size, 1 / Caffe::solver_count(), diff)``)
 
 Determinism: every algorithm has a fixed topology and a fixed summation order, and all ranks end
 with bitwise identical buffers (the tree and the parameter server broadcast the root's sum; the
-ring's all-gather copies each reduced segment from the one rank that reduced it).
+ring's all-gather copies each reduced segment from the one rank that reduced it; the
+hierarchical allreduce broadcasts its node leaders' common result within each node).
 
 Non-blocking operations run on one background *progress thread* per communicator, over a
 duplicate of the MPI communicator (``Dup``), in the order they were launched. The choice: MPI
@@ -35,6 +36,8 @@ is killed is detected at once by the peer watch (:mod:`.peer_watch`), or by ``mp
 Without mpi4py, or with a world of one process, :func:`get_communicator` returns a
 :class:`LocalCommunicator` whose operations are no-ops: nothing changes without MPI.
 
+The algorithms register themselves by name (:mod:`.registry`); this module never imports one.
+
 Errors: unknown algorithm names, buffers that are not float32 / contiguous, and an unusable
 NCCL raise :class:`~caffe_engine.errors.CaffeError` with a one-line message.
 """
@@ -48,8 +51,9 @@ import time
 import numpy
 
 from ..errors import CaffeError
+from . import registry
+from .registry import ALGORITHMS  # noqa: F401  (the registered names, a live view)
 
-ALGORITHMS = ("tree", "ring", "ps", "mpi", "nccl")
 OPS = ("sum", "mean")
 DEFAULT_TIMEOUT = 50.0
 
@@ -290,7 +294,7 @@ class Communicator:
     """Interface of every communicator (see the module docstring).
 
     Attributes:
-        name: the algorithm's name ("tree", "ring", "ps", "mpi", "nccl", "local").
+        name: the algorithm's name ("tree", "ring", "ps", "mpi", "hier", "nccl", "local").
         rank, size: this process's rank and the number of processes.
         timeout: seconds one wait may take before the job is aborted (None or 0: never).
     """
@@ -472,46 +476,33 @@ class MPICommunicator(Communicator):
 
 
 # --------------------------------------------------------------------------------------------
-# Selection by name
+# Selection by name (the classes come from the registry; see :mod:`.registry`)
 # --------------------------------------------------------------------------------------------
-def _algorithm_class(name):
-    if name == "tree":
-        from .tree import TreeCommunicator
-        return TreeCommunicator
-    if name == "ring":
-        from .ring import RingCommunicator
-        return RingCommunicator
-    if name == "ps":
-        from .ps import ParameterServerCommunicator
-        return ParameterServerCommunicator
-    if name == "mpi":
-        from .mpi import MPIAllreduceCommunicator
-        return MPIAllreduceCommunicator
-    if name == "nccl":
-        from .nccl import NCCLCommunicator
-        return NCCLCommunicator
-    raise CaffeError(f"unknown communicator '{name}'; known: {', '.join(ALGORITHMS)}")
-
-
 def get_communicator(name="tree", comm=None, **opts):
     """The communicator called ``name`` over ``comm`` (default ``MPI.COMM_WORLD``).
 
     Args:
-        name: one of ``ALGORITHMS``: "tree" (FireCaffe's reduction tree; opts ``branching``=2,
-            ``chunk_bytes``=4 MiB, ``window``, ``lag``), "ring", "ps" (parameter server on rank
-            0), "mpi" (``MPI_Allreduce``), "nccl" (CuPy arrays on the GPU).
+        name: a spec (:func:`.registry.resolve`): one of ``ALGORITHMS`` or an alias, optionally
+            ``:value`` for the algorithm's option. "tree" (FireCaffe's reduction tree; opts
+            ``branching``=2, ``chunk_bytes``=4 MiB, ``window``, ``lag``), "ring", "ps"
+            (parameter server on rank 0), "mpi" (``MPI_Allreduce``), "hier" (alias "hybrid":
+            reduce within each node, allreduce among the node leaders, broadcast within the
+            node; "hier:tree" / "hier:ring" or ``inter=`` picks the leaders' algorithm,
+            ``nodes=`` overrides the node grouping), "nccl" (CuPy arrays on the GPU).
         comm: an mpi4py communicator. When None and the process was not started by an MPI
             launcher, MPI is not even initialised.
-        **opts: passed to the algorithm's constructor (``timeout`` for all).
+        **opts: passed to the algorithm's constructor (``timeout`` for all); they override the
+            option a ``:value`` suffix sets.
 
     Returns:
         The algorithm's communicator, or a :class:`LocalCommunicator` when mpi4py is missing
         or the world has one process (for every name).
 
     Raises:
-        CaffeError: unknown name (one line listing the known ones), unknown option.
+        CaffeError: unknown name (one line listing the known ones), a bad ``:value``, an
+            unknown option.
     """
-    cls = _algorithm_class(name)
+    cls, opts = registry.resolve(name, **opts)
     if comm is None:
         if not launched_under_mpi():
             return LocalCommunicator(name)
@@ -524,4 +515,4 @@ def get_communicator(name="tree", comm=None, **opts):
     try:
         return cls(comm, **opts)
     except TypeError as exc:
-        raise CaffeError(f"communicator '{name}': {exc}") from None
+        raise CaffeError(f"communicator '{cls.name}': {exc}") from None

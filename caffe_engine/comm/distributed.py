@@ -70,11 +70,12 @@ def init(algorithm="tree", install_handlers=True, **opts):
     every rank (:func:`install_excepthook`).
 
     Args:
-        algorithm: "tree" (default), "ring", "ps", "mpi" or "nccl".
+        algorithm: "tree" (default), "ring", "ps", "mpi", "hier" (or "hier:tree", "hier:ring";
+            alias "hybrid") or "nccl": a spec of :func:`~.registry.resolve`.
         **opts: passed to the communicator (``timeout``, ``branching``, ``chunk_bytes``...).
 
     Raises:
-        CaffeError: unknown algorithm, unusable NCCL.
+        CaffeError: unknown algorithm or a bad option, unusable NCCL.
     """
     comm = get_communicator(algorithm, **opts)
     ctx = Context(comm)

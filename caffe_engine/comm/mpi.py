@@ -6,8 +6,10 @@ buffers and Rabenseifner's reduce-scatter + all-gather for long ones. The MPI st
 commutative operations do, and tests/parallel checks it.
 """
 from .communicator import MPICommunicator
+from .registry import register
 
 
+@register("mpi")
 class MPIAllreduceCommunicator(MPICommunicator):
     """Allreduce by ``MPI_Allreduce``.
 

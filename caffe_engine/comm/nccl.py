@@ -13,6 +13,7 @@ import numpy
 
 from ..errors import CaffeError
 from .communicator import Communicator, Handle, check_buffer, mpi_module
+from .registry import register
 
 
 def _load_nccl():
@@ -41,6 +42,7 @@ class _EventHandle(Handle):
         return self.buf
 
 
+@register("nccl")
 class NCCLCommunicator(Communicator):
     """Allreduce and broadcast of CuPy arrays by NCCL.
 

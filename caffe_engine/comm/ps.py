@@ -11,11 +11,13 @@ server receives in that order). Every rank ends with the server's bits.
 import numpy
 
 from .communicator import MPICommunicator
+from .registry import register
 
 TAG_PUSH = 31
 TAG_PULL = 32
 
 
+@register("ps")
 class ParameterServerCommunicator(MPICommunicator):
     """Allreduce through a parameter server on rank 0.
 

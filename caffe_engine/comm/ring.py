@@ -16,6 +16,7 @@ Each rank sends and receives 2 (size - 1) / size of the buffer: bandwidth-optima
 import numpy
 
 from .communicator import MPICommunicator
+from .registry import register
 
 TAG_RS = 21
 TAG_AG = 22
@@ -26,6 +27,7 @@ def ring_segments(count, size):
     return [(j * count // size, (j + 1) * count // size) for j in range(size)]
 
 
+@register("ring")
 class RingCommunicator(MPICommunicator):
     """Allreduce by reduce-scatter + all-gather around a ring.
 

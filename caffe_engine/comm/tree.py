@@ -27,6 +27,7 @@ per direction is enough.
 import numpy
 
 from .communicator import MPICommunicator
+from .registry import register
 
 TAG_UP = 11
 TAG_DOWN = 12
@@ -76,6 +77,7 @@ def chunk_bounds(count, chunk_elems):
 
 
 # --------------------------------------------------------------------------------------------
+@register("tree")
 class TreeCommunicator(MPICommunicator):
     """Allreduce by FireCaffe's reduction tree (reduce up, broadcast down), pipelined in chunks.
 

@@ -65,10 +65,12 @@ def test_unknown_name_is_one_line_error():
     with pytest.raises(CaffeError) as info:
         get_communicator("butterfly")
     msg = str(info.value)
-    assert "\n" not in msg and "butterfly" in msg and "tree, ring, ps, mpi, nccl" in msg
+    assert "\n" not in msg and "butterfly" in msg
+    assert msg.endswith("(known: tree, ring, ps, mpi, hier, nccl)")
 
 
-@pytest.mark.parametrize("name", ["tree", "ring", "ps", "mpi", "nccl"])
+@pytest.mark.parametrize("name", ["tree", "ring", "ps", "mpi", "hier", "nccl", "hybrid",
+                                  "hier:tree"])
 def test_single_process_gets_local_communicator(name, monkeypatch):
     for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -82,6 +84,116 @@ def test_single_process_gets_local_communicator(name, monkeypatch):
     comm.barrier()
     numpy.testing.assert_array_equal(buf, before)
     assert comm.allgather_object("x") == ["x"]
+
+
+# -- the registry -------------------------------------------------------------------------------
+def test_registry_names_order_aliases_and_specs():
+    from caffe_engine.comm import ALGORITHMS, registry
+    from caffe_engine.comm.hier import HierarchicalCommunicator
+    from caffe_engine.comm.tree import TreeCommunicator
+    assert tuple(ALGORITHMS) == ("tree", "ring", "ps", "mpi", "hier", "nccl")
+    assert "hier" in ALGORITHMS and "hybrid" not in ALGORITHMS     # aliases are not listed
+    assert registry.algorithm_class("hybrid") is HierarchicalCommunicator
+    assert registry.resolve("tree") == (TreeCommunicator, {})
+    assert registry.resolve("hier:tree") == (HierarchicalCommunicator, {"inter": "tree"})
+    assert registry.resolve("hybrid:ring", chunk_bytes=64) == (
+        HierarchicalCommunicator, {"inter": "ring", "chunk_bytes": 64})
+    assert registry.resolve("hier:tree", inter="ring")[1] == {"inter": "ring"}  # keyword wins
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("butterfly", "unknown communicator 'butterfly' (known: tree, ring, ps, mpi, hier, nccl)"),
+    ("butterfly:tree", "unknown communicator 'butterfly'"),
+    ("ring:tree", "communicator 'ring' takes no ':' option, got 'ring:tree'"),
+    ("hier:", "communicator 'hier:': empty inter after ':'"),
+    ("hier:star", "communicator 'hier': the leaders' algorithm must be ring or tree, got 'star'"),
+    ("hybrid:ps", "the leaders' algorithm must be ring or tree, got 'ps'"),
+])
+def test_bad_specs_are_one_line_errors_even_on_one_process(spec, message, monkeypatch):
+    for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(CaffeError) as info:
+        get_communicator(spec)
+    assert "\n" not in str(info.value) and message in str(info.value)
+
+
+def test_bad_hier_options_are_one_line_errors():
+    with pytest.raises(CaffeError, match="chunk_bytes must be >= 4, got 2"):
+        get_communicator("hier", chunk_bytes=2)
+    with pytest.raises(CaffeError, match="window must be >= 1, got 0"):
+        get_communicator("hier:tree", window=0)
+
+
+def test_a_name_cannot_be_registered_twice():
+    from caffe_engine.comm import registry
+
+    class Impostor:
+        pass
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("ring")(Impostor)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("mine", aliases=("hybrid",))(Impostor)
+    assert "mine" not in registry.ALGORITHMS
+
+
+def test_communicator_module_imports_no_algorithm():
+    import ast
+    import caffe_engine.comm.communicator as mod
+    tree = ast.parse(open(mod.__file__).read())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+            imported.update(a.name for a in node.names)
+    assert not imported & {"tree", "ring", "ps", "mpi", "hier", "nccl"}, imported
+
+
+# -- hierarchical allreduce: node grouping --------------------------------------------------------
+def test_group_nodes_numbers_nodes_by_lowest_rank():
+    from caffe_engine.comm.hier import group_nodes, node_leaders, node_members
+    assert group_nodes(["h1", "h1", "h0", "h0"]) == [0, 0, 1, 1]
+    assert group_nodes([5, 7, 5, 7, 9]) == [0, 1, 0, 1, 2]
+    node_of = group_nodes(["a", "b", "a", "b", "a"])
+    assert node_leaders(node_of) == [0, 1]
+    assert node_members(node_of, 4) == [0, 2, 4] and node_members(node_of, 3) == [1, 3]
+    assert node_leaders(group_nodes(range(4))) == [0, 1, 2, 3]          # one rank per node
+    assert node_members(group_nodes("xxx"), 2) == [0, 1, 2]              # one node
+
+
+@pytest.mark.parametrize("labels, members, leaders", [
+    ([0, 0, 1, 1], [[0, 1], [0, 1], [2, 3], [2, 3]], [0, 2]),              # 2 nodes of 2
+    (["h0", "h0", "h1"], [[0, 1], [0, 1], [2]], [0, 2]),                   # uneven: 3 on 2
+    ([1, 0, 1, 0, 2], [[0, 2], [1, 3], [0, 2], [1, 3], [4]], [0, 1, 4]),   # interleaved
+])
+def test_every_rank_is_in_exactly_one_node_led_by_its_lowest_rank(labels, members, leaders):
+    from caffe_engine.comm.hier import group_nodes, node_leaders, node_members
+    node_of = group_nodes(labels)
+    assert [node_members(node_of, r) for r in range(len(labels))] == members
+    assert node_leaders(node_of) == leaders
+    assert sorted(r for lead in leaders for r in node_members(node_of, lead)) == \
+        list(range(len(labels)))
+
+
+def test_node_labels_come_from_nodes_then_caffe_node_then_the_host():
+    from caffe_engine.comm.hier import choose_labels
+    env = ["h0", "h0", "h1", "h1"]
+    shared = [0, 0, 0, 0]
+    assert choose_labels(4, [3, 3, 4, 4], env, shared) == ([3, 3, 4, 4], "nodes")
+    assert choose_labels(4, None, env, shared) == (env, "CAFFE_NODE")
+    assert choose_labels(4, None, [None, "", None, None], [0, 0, 2, 2]) == ([0, 0, 2, 2], "host")
+    assert choose_labels(2, None, None, None) == ([0, 0], "host")
+
+
+def test_node_label_mistakes_are_one_line_errors():
+    from caffe_engine.comm.hier import choose_labels
+    with pytest.raises(CaffeError, match=r"^communicator 'hier': nodes has 3 entries for 4 ranks$"):
+        choose_labels(4, [0, 0, 1], None, [0] * 4)
+    with pytest.raises(CaffeError) as info:
+        choose_labels(4, None, ["h0", None, "h1", None], [0] * 4)
+    assert str(info.value) == ("CAFFE_NODE is set on rank(s) 0, 2 but not on rank(s) 1, 3; set "
+                               "it on every rank or on none")
+    with pytest.raises(CaffeError, match=r"rank\(s\) 0, 1, 2, 3, 4, 5, 6, 7 \(and 2 more\)"):
+        choose_labels(11, None, [None] * 10 + ["h0"], [0] * 11)
 
 
 def test_launcher_environment():

@@ -24,12 +24,13 @@ def world():
 
 def make_communicator(world, name, **opts):
     """The algorithm's own class over ``world`` even with one rank (so its code path runs),
-    or the single-process communicator without mpi4py."""
+    or the single-process communicator without mpi4py. ``name`` is a spec ("hier:tree")."""
     if world is None:
         return get_communicator(name, **opts)
-    from caffe_engine.comm.communicator import _algorithm_class
+    from caffe_engine.comm import registry
+    cls, opts = registry.resolve(name, **opts)
     opts.setdefault("timeout", 120)
-    return _algorithm_class(name)(world, **opts)
+    return cls(world, **opts)
 
 
 @pytest.fixture

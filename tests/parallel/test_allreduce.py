@@ -1,10 +1,15 @@
-"""Allreduce of every algorithm, any number of ranks: exact sums, identical bits, async, bcast."""
+"""Allreduce of every algorithm, any number of ranks: exact sums, identical bits, async, bcast.
+
+The hierarchical allreduce ("hier") also runs on node groupings made up for the K ranks of this
+one machine (``nodes=`` and per-rank ``CAFFE_NODE``): pairs (4 ranks: 2 nodes of 2; 3 ranks: 2
+and 1), interleaved nodes, one rank per node, and one node for all.
+"""
 import hashlib
 
 import numpy
 import pytest
 
-ALGORITHMS = ["tree", "ring", "ps", "mpi"]
+ALGORITHMS = ["tree", "ring", "ps", "mpi", "hier"]
 
 PRIME = 1009
 # Sizes: empty, one element, a prime, more than one tree chunk (tree gets 256-byte chunks here),
@@ -23,7 +28,7 @@ def expected_sum(n, size):
 
 
 def opts_for(name):
-    return {"chunk_bytes": SMALL_CHUNK} if name == "tree" else {}
+    return {"chunk_bytes": SMALL_CHUNK} if name in ("tree", "hier") else {}
 
 
 def digest(a):
@@ -140,3 +145,132 @@ def test_bad_buffers_are_one_line_errors(make):
         comm.allreduce_(numpy.zeros((4, 4), numpy.float32)[:, 1])
     with pytest.raises(CaffeError, match="op"):
         comm.allreduce_(numpy.zeros(3, numpy.float32), op="max")
+
+
+# -- the hierarchical allreduce on made-up nodes --------------------------------------------------
+LAYOUTS = {
+    "pairs": lambda r, size: r // 2,                 # 4 ranks: [0 0 1 1]; 3 ranks: [0 0 1]
+    "interleaved": lambda r, size: f"h{r % 2}",      # [h0 h1 h0 h1]: a node's ranks not adjacent
+    "one_per_node": lambda r, size: r,               # the inter-node algorithm alone
+    "one_node": lambda r, size: 0,                   # reduce to rank 0, broadcast
+}
+
+
+def layout(name, size):
+    return [LAYOUTS[name](r, size) for r in range(size)]
+
+
+def make_hier(make, world, layout_name, inter, **opts):
+    size = 1 if world is None else world.Get_size()
+    return make(f"hier:{inter}", nodes=layout(layout_name, size), **opts)
+
+
+def check_grouping(comm, labels):
+    """The communicator's view of the nodes matches ``labels`` (one per rank)."""
+    if comm.size == 1:
+        return
+    first = {}
+    for r, label in enumerate(labels):
+        first.setdefault(label, r)
+    assert comm.leader == first[labels[comm.rank]]
+    assert comm.members == [r for r, label in enumerate(labels) if label == labels[comm.rank]]
+    assert comm.leaders == sorted(first.values())
+
+
+@pytest.mark.parametrize("inter", ["ring", "tree"])
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+def test_hier_sums_are_exact_on_any_grouping(world, make, layout_name, inter):
+    comm = make_hier(make, world, layout_name, inter, chunk_bytes=SMALL_CHUNK)
+    check_grouping(comm, layout(layout_name, comm.size))
+    for n in SIZES + [5000]:
+        buf = integer_data(n, comm.rank)
+        comm.allreduce_(buf)
+        numpy.testing.assert_array_equal(buf, expected_sum(n, comm.size))
+    buf = integer_data(PRIME, comm.rank)
+    comm.allreduce_(buf, op="mean")
+    numpy.testing.assert_array_equal(
+        buf, expected_sum(PRIME, comm.size) * numpy.float32(1.0 / comm.size))
+
+
+@pytest.mark.parametrize("inter", ["ring", "tree"])
+@pytest.mark.parametrize("layout_name", ["pairs", "interleaved"])
+def test_hier_random_data_identical_bits_and_async(world, make, layout_name, inter):
+    comm = make_hier(make, world, layout_name, inter, chunk_bytes=SMALL_CHUNK, window=1)
+    rng = numpy.random.default_rng(4321 + comm.rank)
+    data = rng.standard_normal(3001).astype(numpy.float32)
+    blocking, in_flight = data.copy(), data.copy()
+    handle = comm.allreduce_async_(in_flight)          # the progress thread's stream ...
+    other = integer_data(77, comm.rank)
+    comm.allreduce_(other)                             # ... beside a blocking call
+    comm.allreduce_(blocking)
+    assert handle.wait() is in_flight
+    digests = comm.allgather_object((digest(blocking), digest(in_flight)))
+    assert len(set(digests)) == 1, f"ranks disagree: {digests}"
+    assert digest(blocking) == digest(in_flight)       # async and blocking: the same bits
+    inputs = comm.allgather_object(data.astype(numpy.float64))
+    numpy.testing.assert_allclose(blocking, sum(inputs), rtol=1e-5, atol=1e-5)
+    numpy.testing.assert_array_equal(other, expected_sum(77, comm.size))
+
+
+@pytest.mark.parametrize("inter", ["ring", "tree"])
+def test_hier_buffer_larger_than_default_chunk(world, make, inter):
+    comm = make_hier(make, world, "pairs", inter)      # default 4 MiB chunks: 2 of them
+    n = (4 << 20) // 4 + 3
+    buf = integer_data(n, comm.rank)
+    comm.allreduce_(buf)
+    numpy.testing.assert_array_equal(buf, expected_sum(n, comm.size))
+
+
+def test_hier_groups_by_caffe_node(world, make, monkeypatch):
+    """CAFFE_NODE per rank, as tools/netlab.py sets it: 4 ranks make 2 nodes of 2, 3 ranks 2
+    nodes of 2 and 1 (all on this one machine, which the shared-memory split alone would make
+    one node)."""
+    size = 1 if world is None else world.Get_size()
+    rank = 0 if world is None else world.Get_rank()
+    monkeypatch.setenv("CAFFE_NODE", f"h{rank * 2 // size}")
+    comm = make("hier", chunk_bytes=SMALL_CHUNK)
+    if size == 1:
+        return
+    assert comm.node_source == "CAFFE_NODE"
+    check_grouping(comm, [f"h{r * 2 // size}" for r in range(size)])
+    assert len(comm.leaders) == 2
+    buf = integer_data(PRIME, comm.rank)
+    comm.allreduce_(buf)
+    numpy.testing.assert_array_equal(buf, expected_sum(PRIME, comm.size))
+
+
+def test_hier_groups_by_host_without_caffe_node(world, make, monkeypatch):
+    monkeypatch.delenv("CAFFE_NODE", raising=False)
+    comm = make("hybrid")
+    if comm.size > 1:
+        assert comm.node_source == "host" and comm.leaders == [0]   # mpiexec on one machine
+        assert comm.members == list(range(comm.size))
+
+
+def test_hier_caffe_node_on_some_ranks_only_is_one_line_error_on_every_rank(world, make,
+                                                                            monkeypatch):
+    from caffe_engine.errors import CaffeError
+    size = 1 if world is None else world.Get_size()
+    rank = 0 if world is None else world.Get_rank()
+    if rank == 0:
+        monkeypatch.setenv("CAFFE_NODE", "h0")
+    else:
+        monkeypatch.delenv("CAFFE_NODE", raising=False)
+    if size == 1:
+        make("hier")
+        return
+    with pytest.raises(CaffeError) as info:
+        make("hier")
+    assert str(info.value).startswith("CAFFE_NODE is set on rank(s) 0 but not on rank(s) 1")
+
+
+def test_hier_nodes_differing_between_ranks_is_an_error_on_every_rank(world, make):
+    from caffe_engine.errors import CaffeError
+    size = 1 if world is None else world.Get_size()
+    rank = 0 if world is None else world.Get_rank()
+    nodes = list(range(size)) if rank == 0 else [0] * size
+    if size == 1:
+        make("hier", nodes=nodes)
+        return
+    with pytest.raises(CaffeError, match="the nodes option differs between ranks"):
+        make("hier", nodes=nodes)

@@ -89,7 +89,7 @@ def test_a_command_line_error_is_printed_once_not_once_per_rank():
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == ["caffe: --comm: unknown communicator 'bogus' "
-                     "(known: tree, ring, ps, mpi, nccl)"], proc.stderr
+                     "(known: tree, ring, ps, mpi, hier, nccl)"], proc.stderr
 
 
 @pytest.mark.parametrize("cleanup", ["default", "disabled"])

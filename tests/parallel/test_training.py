@@ -90,7 +90,13 @@ def weights(solver):
     return [backend.to_numpy(b.data).copy() for b in solver.net.learnable_params]
 
 
-def test_p_ranks_match_one_process_with_p_times_the_batch(world, make, source):
+def pairs(world):
+    """Node labels making 2-rank nodes of this world (4 ranks: 2 nodes of 2; 3: 2 and 1)."""
+    return [r // 2 for r in range(_size(world))]
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "hier"])
+def test_p_ranks_match_one_process_with_p_times_the_batch(world, make, source, algorithm):
     size = _size(world)
     iters = 50
     # The reference: one process (no communicator), batch size * BATCH, on every rank.
@@ -101,7 +107,7 @@ def test_p_ranks_match_one_process_with_p_times_the_batch(world, make, source):
         ref_losses.append(float(ref.smoothed_loss))
     ref_weights = weights(ref)
     # The data-parallel run: this rank's share of the records, batch BATCH.
-    comm = make("tree")
+    comm = make("tree") if algorithm == "tree" else make("hier", nodes=pairs(world))
     par = get_solver(solver_param(source, BATCH), comm=comm, bucket_mb=0.001)
     assert par.solver_count == size
     losses = []
@@ -116,12 +122,13 @@ def test_p_ranks_match_one_process_with_p_times_the_batch(world, make, source):
     assert numpy.mean(ref_losses[-10:]) < 0.8 * numpy.mean(ref_losses[:5])
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "ps"])
+@pytest.mark.parametrize("algorithm", ["ring", "ps", "hier:tree"])
 def test_every_rank_holds_identical_weights_after_every_update(world, make, source, algorithm):
     size = _size(world)
     if size < 2:
         pytest.skip("bitwise agreement between ranks needs at least 2 ranks (mpiexec -n K>=2)")
-    comm = make(algorithm)
+    opts = {"nodes": pairs(world)} if algorithm.startswith("hier") else {}
+    comm = make(algorithm, **opts)
     # iter_size 2 and one bucket per param: the overlap path with accumulated gradients.
     par = get_solver(solver_param(source, BATCH, iter_size=2), comm=comm, bucket_mb=0,
                      debug_sync=True)
@@ -134,13 +141,20 @@ def test_every_rank_holds_identical_weights_after_every_update(world, make, sour
     assert distributed.param_digests(par.net) != start
 
 
-def test_cli_rejects_unknown_comm(capsys):
-    status = cli.main(["train", "--solver", "whatever.prototxt", "--comm", "carrier_pigeon"])
+@pytest.mark.parametrize("spec, message", [
+    ("carrier_pigeon", "--comm: unknown communicator 'carrier_pigeon' (known: tree, ring, ps, "
+                       "mpi, hier, nccl)"),
+    ("hier:star", "--comm: communicator 'hier': the leaders' algorithm must be ring or tree, "
+                  "got 'star'"),
+    ("ring:tree", "--comm: communicator 'ring' takes no ':' option, got 'ring:tree'"),
+])
+def test_cli_rejects_unknown_comm(capsys, spec, message):
+    status = cli.main(["train", "--solver", "whatever.prototxt", "--comm", spec])
     assert status == 1
     err = capsys.readouterr().err.strip().splitlines()
     from caffe_engine.comm.communicator import launcher_rank_size
     if launcher_rank_size()[0] == 0:
-        assert len(err) == 1 and "carrier_pigeon" in err[0] and err[0].startswith("caffe: ")
+        assert len(err) == 1 and err[0].startswith("caffe: " + message), err
     else:  # under mpiexec only rank 0 prints a command-line error
         assert err == []
 
