@@ -114,30 +114,46 @@ class GradientSync:
         comm: a communicator (:func:`~.communicator.get_communicator`).
         bucket_mb: bucket size cap in MiB (default 25, as DDP; <= 0: one bucket per param).
         op: "mean" (default; Caffe divides the summed diffs by the solver count) or "sum".
+        plan: explicit buckets (lists of param indices, launch order) instead of ``bucket_mb``'s
+            (see :meth:`set_plan`).
 
     Attributes:
         buckets: list of :class:`Bucket` in launch order.
         launched: number of buckets launched in the current iteration.
 
     Raises:
-        CaffeError: op not "sum"/"mean".
+        CaffeError: op not "sum"/"mean"; a plan that is not a launch order of every param once.
     """
 
-    def __init__(self, net, comm, bucket_mb=25.0, op="mean"):
+    def __init__(self, net, comm, bucket_mb=25.0, op="mean", plan=None):
         if op not in ("sum", "mean"):
             raise CaffeError(f"GradientSync: op must be 'sum' or 'mean', got {op!r}")
         self.net = net
         self.comm = comm
         self.op = op
         self.bucket_bytes = int(float(bucket_mb) * (1 << 20))
-        blobs = list(net.learnable_params)
-        ready = param_ready_layers(net)
-        xp = backend.get_array_module(blobs[0].diff) if blobs else numpy
-        self.buckets = [Bucket(ks, blobs, min(ready[k] for k in ks), xp)
-                        for ks in plan_buckets([b.count for b in blobs], ready,
-                                               self.bucket_bytes)]
+        self.ready_layers = param_ready_layers(net)
         self.launched = 0
         self.armed = False
+        if plan is None:
+            plan = plan_buckets([b.count for b in net.learnable_params], self.ready_layers,
+                                self.bucket_bytes)
+        self.set_plan(plan)
+
+    def set_plan(self, plan):
+        """Use ``plan`` (lists of param indices, launch order) as the buckets from now on.
+
+        Call between iterations, with the same plan on every rank. A bucket is launched once
+        backward has finished the lowest ready layer of its params, in plan order.
+        """
+        blobs = list(self.net.learnable_params)
+        if sorted(k for ks in plan for k in ks) != list(range(len(blobs))) or \
+                any(not ks for ks in plan):
+            raise CaffeError(f"GradientSync: a bucket plan must hold every one of the "
+                             f"{len(blobs)} params once, got {plan}")
+        xp = backend.get_array_module(blobs[0].diff) if blobs else numpy
+        self.buckets = [Bucket(list(ks), blobs, min(self.ready_layers[k] for k in ks), xp)
+                        for ks in plan]
 
     @property
     def active(self):
