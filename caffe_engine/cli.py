@@ -19,6 +19,7 @@ bitwise identical weights. A failure on one rank ends every rank (``comm/distrib
 Without a launcher, or with one process, training is exactly the one-process run.
 """
 import logging
+import re
 import sys
 import time
 
@@ -108,6 +109,29 @@ _BOOL_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
 #: gflags' int32 range (tools/caffe.cpp DEFINE_int32: strto32 refuses values outside it).
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
 _GFLAGS_TYPE = {int: "int32", float: "double", str: "string", bool: "bool"}
+#: The numbers gflags takes (gflags.cc FlagValue::ParseFrom: strtoll, in base 16 after a leading
+#: "0x", and strtod, the whole value consumed). Python's int() and float() also take "1_000",
+#: trailing blanks and non-ASCII digits, which gflags refuses (and int() refuses "0x10").
+_INT32_TEXT = re.compile(r"0[xX][0-9a-fA-F]+|[ \t\n\v\f\r]*[+-]?[0-9]+")
+_DOUBLE_TEXT = re.compile(r"[ \t\n\v\f\r]*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+                          r"|inf|infinity|nan)", re.IGNORECASE)
+
+
+def _gflags_number(kind, value):
+    """``value`` as gflags parses an int32 (``kind`` int) or a double flag (``kind`` float).
+
+    Raises:
+        ValueError: not such a number (or NaN, which no flag of the engine takes).
+    """
+    if kind is int and _INT32_TEXT.fullmatch(value):
+        parsed = int(value, 16) if value[:2] in ("0x", "0X") else int(value)
+        if INT32_MIN <= parsed <= INT32_MAX:
+            return parsed
+    elif kind is float and _DOUBLE_TEXT.fullmatch(value):
+        parsed = float(value)
+        if parsed == parsed:
+            return parsed
+    raise ValueError(value)
 
 
 class UsageError(CaffeError):
@@ -158,11 +182,7 @@ def parse_flags(argv):
             value = argv[i]
             i += 1
         try:
-            parsed = kind(value)
-            if kind is int and not INT32_MIN <= parsed <= INT32_MAX:
-                raise ValueError(value)
-            if kind is float and parsed != parsed:
-                raise ValueError(value)                        # NaN
+            parsed = value if kind is str else _gflags_number(kind, value)
         except ValueError:
             raise UsageError(f"illegal value '{_clip(value)}' specified for "
                              f"{_GFLAGS_TYPE[kind]} flag '{name}'") from None
@@ -378,14 +398,53 @@ def _select_device(flags):
         backend.set_mode_cpu()
 
 
+class InterruptCheck:
+    """SIGINT during ``caffe test`` and ``caffe time``: remembered, and raised as
+    KeyboardInterrupt (``caffe: interrupted``, status 130) by :meth:`check`, which the commands
+    call between batches and layers. Python's own KeyboardInterrupt, raised wherever the signal
+    lands, is lost when that is a weakref callback or a ``__del__`` (Python prints "Exception
+    ignored ... KeyboardInterrupt" and the command runs on). A second SIGINT before a check
+    raises at once. The previous handler comes back after the ``with`` block.
+    """
+
+    def __init__(self):
+        self.pending = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def __enter__(self):
+        import signal
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        signal.signal(signal.SIGINT, self._previous)
+
+    def check(self):
+        """Raise KeyboardInterrupt when SIGINT has come."""
+        if self.pending:
+            raise KeyboardInterrupt
+
+
 def test(flags):
     """``caffe test``: forward ``--iterations`` batches, log every output and their means.
 
     As tools/caffe.cpp's test(): per batch ``Batch i, <output> = v`` for every element of every
     output blob, then ``Loss: <mean loss>`` and ``<output> = <mean>`` (with the
     ``(* weight = weighted loss)`` suffix for loss outputs). The net is built in TEST phase
-    (``--phase`` may choose TRAIN, an addition) with ``--level`` and ``--stage``.
+    (``--phase`` may choose TRAIN, an addition) with ``--level`` and ``--stage``. SIGINT stops
+    it before the next batch (:class:`InterruptCheck`).
     """
+    with InterruptCheck() as interrupt:
+        return _test(flags, interrupt)
+
+
+def _test(flags, interrupt):
     from .net import Net
     from .solvers.solver import copy_trained_layers
     if not flags["model"]:
@@ -402,6 +461,7 @@ def test(flags):
     scores, score_output = [], []
     loss = f32(0)
     for i in range(iterations):
+        interrupt.check()
         loss += net.forward_loss()
         idx = 0
         for j, name in enumerate(net.outputs):
@@ -440,11 +500,17 @@ def time_(flags):
     Layers whose Caffe backward ignores ``propagate_down`` (Softmax, BatchNorm, LRN, MVN,
     Im2col) compute their bottom gradient here as in Caffe (see ``_time_propagate_down``).
     Times are wall-clock milliseconds (the device synchronised after each layer on the GPU).
+    SIGINT stops it before the next iteration (:class:`InterruptCheck`).
 
     Raises:
         UsageError: no ``--model`` or a bad ``--phase``.
         CaffeError: the net cannot be built (one line).
     """
+    with InterruptCheck() as interrupt:
+        return _time(flags, interrupt)
+
+
+def _time(flags, interrupt):
     from .net import Net
     if not flags["model"]:
         raise UsageError("Need a model definition to time.")
@@ -469,6 +535,7 @@ def time_(flags):
     sync = _device_sync()
     total_start = time.perf_counter()
     for it in range(iters):
+        interrupt.check()
         t_iter = time.perf_counter()
         for i in range(n_layers):
             t = time.perf_counter()

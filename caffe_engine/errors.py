@@ -20,11 +20,12 @@ MAX_LINE = 300
 
 
 def one_line(message, limit=MAX_LINE):
-    """``message`` as one printable line: its first line, and when that is longer than
-    ``limit`` characters, its start and end around `` ... `` (a repeated path or prototxt line
-    keeps what names it, not 15 KB of it)."""
-    text = str(message)
-    line = text.splitlines()[0] if text else ""
+    """``message`` as one printable line: every character that would break the line or act on
+    the terminal (newline, tab, escape, NUL ...) written as its Python escape (``\\n``,
+    ``\\x1b``), so that a path, flag value, layer name or record key holding one is shown whole
+    instead of cut at it; and when longer than ``limit`` characters, its start and end around
+    `` ... `` (a repeated path or prototxt line keeps what names it, not 15 KB of it)."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message).strip())
     if len(line) <= limit:
         return line
     keep = limit - 5

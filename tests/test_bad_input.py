@@ -1,12 +1,16 @@
 """Bad input gets one clear line and a non-zero exit (issue 15, first part): gflags-typed flags,
 positive iteration counts, error lines shortened in the middle, a failing snapshot write (full
-disk) keeping the previous file, and a killed writer's temporary files cleared.
+disk) keeping the previous file, and a killed writer's temporary files cleared; and what
+tests/fuzz/fuzz_cli.py found (an endless iteration deaf to SIGINT, NaN rates raising, error
+lines cut at a newline, numbers gflags refuses taken).
 
-Oracles: gflags' int32/double parsing (tools/caffe.cpp DEFINE_int32 / DEFINE_double), the
-atomic-write contract of docs (the previous file unchanged, nothing half-written).
+Oracles: gflags' int32/double parsing (tools/caffe.cpp DEFINE_int32 / DEFINE_double, gflags.cc
+FlagValue::ParseFrom), the atomic-write contract of docs (the previous file unchanged, nothing
+half-written), C's double math in Caffe's GetLearningRate and Adam's correction.
 """
 import errno
 import os
+import signal
 import subprocess
 import sys
 
@@ -15,7 +19,8 @@ import pytest
 from caffe_engine.errors import CaffeError, one_line
 from caffe_engine.io import prototxt as pio
 from paths import ROOT
-from tiny_train import tiny_solver
+from tiny_train import caffe as caffe_train
+from tiny_train import tiny_solver, wait_for
 
 LENET = str(ROOT / "models/lenet/lenet_train_test.prototxt")
 
@@ -42,21 +47,50 @@ def last_line_error(done):
     (("time", "--model", LENET, "--level", "-2147483649"), "int32 flag 'level'"),
     (("train", "--solver", "s.prototxt", "--bucket_mb", "-1"), "--bucket_mb must be a positive"),
     (("train", "--solver", "s.prototxt", "--bucket_mb", "nan"), "double flag 'bucket_mb'"),
+    # Found by tests/fuzz/fuzz_cli.py: Python's int() and float() took these, gflags does not.
+    (("time", "--model", LENET, "--iterations", "1_000"),
+     "illegal value '1_000' specified for int32 flag 'iterations'"),
+    (("time", "--model", LENET, "--iterations=2 "), "int32 flag 'iterations'"),
+    (("time", "--model", LENET, "--minloglevel=\u0662"), "int32 flag 'minloglevel'"),
 ])
 def test_flags_are_typed_and_counts_positive(args, expected, tmp_path):
     line = last_line_error(caffe(*args, cwd=tmp_path))
     assert line.startswith("caffe: ") and expected in line
 
 
+def test_int32_flags_take_what_gflags_takes():
+    """gflags.cc's strtoll: leading blanks and a sign, or hexadecimal after a leading 0x."""
+    from caffe_engine.cli import parse_flags
+    for text, value in ((" 7", 7), ("+7", 7), ("-7", -7), ("0x10", 16), ("0X7fffffff", 2**31 - 1)):
+        assert parse_flags(["--level", text])[1]["level"] == value
+
+
 def test_long_error_lines_keep_their_start_and_end(tmp_path):
     text = "x" * 2000
     short = one_line(f"{text}/start ... {text}/the_end.prototxt: No such file")
     assert len(short) <= 300 and short.startswith("xxx") and short.endswith("No such file")
-    assert one_line("first line\nsecond") == "first line"
+    assert one_line("first line\nsecond\n") == "first line\\nsecond"
     deep = tmp_path / ("d" * 200) / ("e" * 200)
     line = last_line_error(caffe("train", "--solver", str(deep / "solver.prototxt"), cwd=tmp_path))
     assert len(line) <= len("caffe: ") + 300
     assert line.startswith("caffe: ") and "solver.prototxt" in line[-80:] and " ... " in line
+
+
+def test_a_newline_or_escape_in_a_name_is_shown_escaped_not_cut(tmp_path):
+    """Found by tests/fuzz/fuzz_cli.py: a path, flag value or record key holding a newline cut
+    the error line at it ('caffe: a', one_line kept the first line) and an escape character
+    went raw to the terminal; both are now written as escapes, the line whole."""
+    line = last_line_error(caffe("train", "--solver", "a\nb.prototxt", cwd=tmp_path))
+    assert line == "caffe: a\\nb.prototxt: cannot read solver prototxt: No such file or directory"
+    from caffe_engine.io.lmdb_source import write_lmdb
+    write_lmdb(str(tmp_path / "db"), [(b"bad\nkey\x1b[0m", b"\xff not a Datum")])
+    net = tmp_path / "net.prototxt"
+    net.write_text((ROOT / "models/lenet/lenet_train_test.prototxt").read_text()
+                   .replace("data/mnist/mnist_test_lmdb", str(tmp_path / "db"))
+                   .replace("data/mnist/mnist_train_lmdb", str(tmp_path / "db")))
+    line = last_line_error(caffe("time", "--model", str(net), "--iterations", "1"))
+    assert line.startswith("caffe: layer 'mnist' (Data): record 'bad\\nkey\\x1b[0m' of ")
+    assert line.endswith("is not a Datum") and line.isprintable()
 
 
 def test_a_failing_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
@@ -106,6 +140,81 @@ def test_temporaries_a_killed_run_left_are_removed_at_the_next_start(tmp_path, m
     from caffe_engine.solvers import get_solver
     get_solver(str(solver_path))
     assert not any(p.exists() for p in stale) and other.exists()
+
+
+def test_sigint_stops_an_iteration_of_a_huge_iter_size(tmp_path):
+    """Found by tests/fuzz/fuzz_cli.py: ``iter_size: 2147483647`` makes one iteration endless,
+    and Caffe asks for SIGINT's stop only after the update, so the run never stopped. The stop
+    is now asked for between the forward/backward passes too; the unfinished iteration is
+    dropped and the stop's snapshot holds the weights of iteration 0."""
+    tiny_solver(tmp_path, max_iter=5, extra="iter_size: 2147483647\n")
+    proc = caffe_train(tmp_path, "--solver=solver.prototxt")
+    try:
+        wait_for(proc, r"Test net output #1")      # the passes of iteration 0 start
+        proc.send_signal(signal.SIGINT)
+        log = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in log, log[-2000:]
+    assert "Iteration 0 stopped after " in log and "Optimization stopped early." in log
+    assert sorted(p.name for p in tmp_path.glob("tiny_iter_*")) == [
+        "tiny_iter_0.caffemodel", "tiny_iter_0.solverstate"]
+
+
+def test_sigint_is_raised_between_batches_not_lost_in_a_callback():
+    """Found by tests/fuzz/fuzz_cli.py: ``caffe test`` ran on after SIGINT when Python's
+    KeyboardInterrupt landed in a weakref callback ("Exception ignored ... KeyboardInterrupt").
+    test and time now remember SIGINT and raise it at their next batch or iteration (a second
+    SIGINT at once), and give the previous handler back."""
+    from caffe_engine.cli import InterruptCheck
+    previous = signal.getsignal(signal.SIGINT)
+    with InterruptCheck() as interrupt:
+        interrupt.check()
+        signal.raise_signal(signal.SIGINT)                  # remembered, not raised here
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)              # the second: at once
+    assert signal.getsignal(signal.SIGINT) is previous
+
+
+@pytest.mark.parametrize("command", ["test", "time"])
+def test_sigint_ends_a_long_test_or_time_in_one_line(command, tmp_path):
+    from paths import SHARED
+    net = tmp_path / "net.prototxt"
+    net.write_text((ROOT / "models/lenet/lenet_train_test.prototxt").read_text()
+                   .replace("data/mnist/", f"{SHARED}/data/mnist_5k/"))
+    (tmp_path / "w.caffemodel").write_bytes(b"")
+    proc = subprocess.Popen([sys.executable, "-m", "caffe_engine", command, "--model", str(net),
+                             "--weights", "w.caffemodel", "--iterations", "2147483647"],
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(proc, r"Batch 3,|Iteration: 3 ")
+        proc.send_signal(signal.SIGINT)
+        log = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in log
+    assert log.strip().splitlines()[-1] == "caffe: interrupted"
+
+
+@pytest.mark.parametrize("kind, extra, expected", [
+    ("SGD", 'lr_policy: "inv"\ngamma: -2147483648\npower: 0.75\n', "Iteration 1, lr = nan"),
+    ("SGD", 'lr_policy: "exp"\ngamma: 1e30\n', "Iteration 11, lr = inf"),
+    ("Adam", "momentum: 0.9\nmomentum2: 2\n", "Iteration 12, loss = nan"),
+    ("Adam", "momentum: 1\nmomentum2: 0.999\n", "Iteration 12, loss = nan"),
+])
+def test_a_rate_c_makes_nan_or_infinite_trains_on_as_in_caffe(kind, extra, expected, tmp_path):
+    """Found by tests/fuzz/fuzz_cli.py: a learning rate policy's pow of a negative base to a
+    fractional power or past the largest double, and Adam's correction with momentum2 > 1 or
+    momentum 1, raised math's ValueError / OverflowError / ZeroDivisionError (a traceback);
+    C's double math gives NaN or an infinity there, and Caffe trains on with it."""
+    tiny_solver(tmp_path, kind, max_iter=12, extra=extra)
+    done = caffe("train", "--solver", "solver.prototxt", cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert expected in done.stderr and "Warning" not in done.stderr
 
 
 # -- shapes and sizes: refused before anything is allocated, naming the layer -------------------

@@ -29,9 +29,20 @@ def _step(p, it, state):
     return _times_pow_double(p, state["current_step"])
 
 
+def _pow(base, exponent):
+    """C's ``pow`` in double: ``math.pow``'s value, and where ``math.pow`` raises, C's result
+    (NaN for a negative base to a fractional power, an infinity for an overflow or for zero to
+    a negative power): Caffe trains on with such a rate, it does not stop."""
+    try:
+        return math.pow(base, exponent)
+    except (ValueError, OverflowError):
+        with numpy.errstate(all="ignore"):
+            return float(numpy.power(numpy.float64(base), numpy.float64(exponent)))
+
+
 def _times_pow_double(p, exponent):
     """``base_lr * pow(gamma, n)`` with an int ``n``: evaluated in double, rounded to float."""
-    return f32(float(f32(p.base_lr)) * math.pow(float(f32(p.gamma)), exponent))
+    return f32(float(f32(p.base_lr)) * _pow(float(f32(p.gamma)), exponent))
 
 
 def _exp(p, it, state):
@@ -40,7 +51,7 @@ def _exp(p, it, state):
 
 def _inv(p, it, state):
     base = f32(1) + f32(p.gamma) * f32(it)
-    return f32(f32(p.base_lr) * f32(math.pow(float(base), -float(f32(p.power)))))
+    return f32(f32(p.base_lr) * f32(_pow(float(base), -float(f32(p.power)))))
 
 
 def _multistep(p, it, state):
@@ -54,7 +65,7 @@ def _multistep(p, it, state):
 
 def _poly(p, it, state):
     frac = f32(1) - f32(it) / f32(p.max_iter)
-    return f32(f32(p.base_lr) * f32(math.pow(float(frac), float(f32(p.power)))))
+    return f32(f32(p.base_lr) * f32(_pow(float(frac), float(f32(p.power)))))
 
 
 def _sigmoid(p, it, state):
@@ -88,4 +99,5 @@ def learning_rate(param, iteration, state):
     if fn is None:
         raise CaffeError(f"solver: unknown lr_policy '{param.lr_policy}' "
                          f"(known: {', '.join(sorted(POLICIES))})")
-    return fn(param, iteration, state)
+    with numpy.errstate(all="ignore"):     # an infinite or NaN rate, as Caffe's float math
+        return fn(param, iteration, state)

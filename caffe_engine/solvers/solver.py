@@ -7,7 +7,9 @@ word, so log parsers work.
 
 Requests from outside (``caffe train``'s SIGINT/SIGHUP handling) reach the loop through
 ``action_request_function``, a callable returning one of :class:`SolverAction`'s values: it is
-asked after every update and before every test batch, as Caffe's ``GetRequestedAction``.
+asked after every update and before every test batch, as Caffe's ``GetRequestedAction``, and
+(not in Caffe) between the forward/backward passes of an ``iter_size`` > 1 iteration, so that a
+stop is not ignored for the whole of a huge one (see ``_forward_backward_passes``).
 
 Data parallelism (FireCaffe / Caffe's multi-GPU scheme, one process per rank under ``mpiexec``):
 give the solver a communicator of size > 1 (``comm=``). Each rank then seeds with
@@ -423,14 +425,10 @@ class Solver:
             for callback in self.callbacks:
                 callback.on_start()
             display = p.display and self.iter % p.display == 0
-            loss = f32(0)
-            for k in range(p.iter_size):
-                if self.grad_sync is not None and k == p.iter_size - 1:
-                    self.grad_sync.begin()
-                loss += self.net.forward_backward()
-            if self.grad_sync is not None:
-                self.grad_sync.finish()
-            loss = f32(loss / f32(p.iter_size))
+            loss, early = self._forward_backward_passes()
+            if early == SolverAction.STOP:
+                self.requested_early_exit = True
+                break
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             if display and self.is_root:
                 now = time.perf_counter()
@@ -450,12 +448,45 @@ class Solver:
             request = self.get_requested_action()
             if self.comm is not None and self.action_request_function is not None:
                 request = self._root_value(request)
-            if (p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT:
+            snapshot_requested = SolverAction.SNAPSHOT in (request, early)
+            if (p.snapshot and self.iter % p.snapshot == 0) or snapshot_requested:
                 self._snapshot_all_ranks()
                 self._wait_for_root()
             if request == SolverAction.STOP:
                 self.requested_early_exit = True
                 break
+
+    def _forward_backward_passes(self):
+        """The iteration's ``iter_size`` forward/backward passes; returns (mean loss, request).
+
+        Not in Caffe, which asks for a requested action only after the update: in one process
+        (without ``exact_resume``) it is also asked for between the passes, so that a stop
+        (SIGINT) ends even an iteration of a huge ``iter_size`` instead of being ignored until it
+        is done. A stop there drops the unfinished iteration (no update, ``iter`` unchanged; the
+        stop's snapshot holds the last update's weights): returned as (None, STOP). Snapshot
+        requests there are returned as SNAPSHOT and served after the update; else NONE. With
+        ``exact_resume`` the passes are not interrupted, so that the resumed run reads the
+        records the uninterrupted one reads.
+        """
+        p = self.param
+        between = (p.iter_size > 1 and self.comm is None and not self.exact_resume
+                   and self.action_request_function is not None)
+        loss, snapshot = f32(0), False
+        for k in range(p.iter_size):
+            if k and between:
+                request = self.get_requested_action()
+                if request == SolverAction.STOP:
+                    logger.info("Iteration %d stopped after %d of %d forward/backward passes; "
+                                "not applied.", self.iter, k, p.iter_size)
+                    return None, request
+                snapshot = snapshot or request == SolverAction.SNAPSHOT
+            if self.grad_sync is not None and k == p.iter_size - 1:
+                self.grad_sync.begin()
+            loss += self.net.forward_backward()
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+        return f32(loss / f32(p.iter_size)), (SolverAction.SNAPSHOT if snapshot
+                                              else SolverAction.NONE)
 
     def _log_outputs(self, net, kind, values=None):
         """Caffe's ``    Train net output #k: name = v (* w = wv loss)`` lines."""

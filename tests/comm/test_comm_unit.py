@@ -363,7 +363,7 @@ def test_an_mpi_error_stack_becomes_one_line_naming_its_cause():
                     "(process_vm_readv failed (errno 3)); another rank has probably died; "
                     "aborting all ranks")
     assert distributed._failure_line(1, 4, RuntimeError("boom\nmore")) == \
-        "caffe_engine: rank 1 of 4 failed: RuntimeError: boom; aborting all ranks"
+        "caffe_engine: rank 1 of 4 failed: RuntimeError: boom\\nmore; aborting all ranks"
 
 
 def test_the_supervisor_is_wanted_only_for_a_multi_rank_launch(monkeypatch):

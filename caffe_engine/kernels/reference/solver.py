@@ -133,11 +133,19 @@ def adam_correction(hyper):
     """Adam's bias correction ``sqrt(1 - beta2^t) / (1 - beta1^t)`` with ``t = iter + 1``.
 
     Caffe evaluates ``pow(float, int)`` in double (C++ promotes it), so the whole expression is
-    double and rounded to float32 once.
+    double and rounded to float32 once. Where Python's math raises (``momentum2`` > 1: the root
+    of a negative number; ``momentum`` 1: a division by zero; a power past the largest double)
+    the value is C's, NaN or an infinity, and Caffe trains on with it.
     """
     t = hyper.t
     b1, b2 = float(hyper.momentum), float(hyper.momentum2)
-    return f32(math.sqrt(1.0 - math.pow(b2, t)) / (1.0 - math.pow(b1, t)))
+    with numpy.errstate(all="ignore"):
+        try:
+            value = math.sqrt(1.0 - math.pow(b2, t)) / (1.0 - math.pow(b1, t))
+        except (ValueError, OverflowError, ZeroDivisionError):
+            b1t, b2t = numpy.power(numpy.float64(b1), t), numpy.power(numpy.float64(b2), t)
+            value = numpy.sqrt(numpy.float64(1.0) - b2t) / (numpy.float64(1.0) - b1t)
+        return f32(value)
 
 
 def adam(diff, history, local_rate, hyper, work):
