@@ -67,8 +67,10 @@ commands:
       snapshot, stop or none.) type: string default: "snapshot"
     -comm (Not in Caffe; under mpiexec, the gradient allreduce: tree, ring, ps,
       mpi, hier[:ring|:tree] or nccl.) type: string default: "tree"
-    -bucket_mb (Not in Caffe; under mpiexec, the gradient bucket size in MiB.)
-      type: double default: 25
+    -bucket_mb (Not in Caffe; under mpiexec, the gradient bucket size in MiB, or
+      auto: MG-WFBP's buckets from measured backward times and the alpha-beta
+      model, CAFFE_COST_MODEL's file or measured at start.) type: string
+      default: "25"
     -debug_sync (Not in Caffe; under mpiexec, check after every update that all
       ranks hold identical weights.) type: bool default: false
 """
@@ -87,7 +89,7 @@ FLAGS = {
     "sigint_effect": (str, "stop"),
     "sighup_effect": (str, "snapshot"),
     "comm": (str, "tree"),
-    "bucket_mb": (float, 25.0),
+    "bucket_mb": (str, "25"),
     "debug_sync": (bool, False),
     # glog's flags, which Caffe's gflags parse too (None: not given; GLOG_<flag> and the
     # defaults of caffe_engine.log.init_glog apply).
@@ -244,6 +246,23 @@ def _use_gpu(device):
     backend.set_mode_gpu()
 
 
+def _bucket_mb(value):
+    """``--bucket_mb``: "auto", or a positive size in MiB written as gflags writes a double.
+
+    Raises:
+        UsageError: anything else (one line).
+    """
+    if value == "auto":
+        return value
+    try:
+        size = _gflags_number(float, value)
+    except ValueError:
+        size = None
+    if size is None or not 0 < size < float("inf"):
+        raise UsageError(f"--bucket_mb must be a positive size in MiB or auto, got {_clip(value)}")
+    return size
+
+
 def train(flags):
     """``caffe train``: build the solver, restore or finetune, and solve (tools/caffe.cpp).
 
@@ -258,8 +277,7 @@ def train(flags):
         registry.resolve(flags["comm"])   # name, alias or name:option (e.g. hier:tree)
     except CaffeError as exc:
         raise CaffeError(f"--comm: {exc}") from None
-    if not 0 < flags["bucket_mb"] < float("inf"):
-        raise UsageError(f"--bucket_mb must be a positive size in MiB, got {flags['bucket_mb']}")
+    flags["bucket_mb"] = _bucket_mb(flags["bucket_mb"])
     ctx = distributed.init(flags["comm"])
     if ctx.size == 1:
         return _train(flags, None)

@@ -46,7 +46,8 @@ def last_line_error(done):
      "--iterations must be a positive"),
     (("time", "--model", LENET, "--level", "-2147483649"), "int32 flag 'level'"),
     (("train", "--solver", "s.prototxt", "--bucket_mb", "-1"), "--bucket_mb must be a positive"),
-    (("train", "--solver", "s.prototxt", "--bucket_mb", "nan"), "double flag 'bucket_mb'"),
+    (("train", "--solver", "s.prototxt", "--bucket_mb", "nan"),
+     "--bucket_mb must be a positive size in MiB or auto, got nan"),
     # Found by tests/fuzz/fuzz_cli.py: Python's int() and float() took these, gflags does not.
     (("time", "--model", LENET, "--iterations", "1_000"),
      "illegal value '1_000' specified for int32 flag 'iterations'"),

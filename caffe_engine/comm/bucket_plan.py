@@ -240,9 +240,10 @@ def model_alpha_beta(path, algorithm, procs):
 class AutoBuckets:
     """``--bucket_mb auto``: measure backward, plan with the alpha-beta model, apply, re-plan.
 
-    The solver calls :meth:`before_iteration` and :meth:`after_iteration` around each
-    iteration on every rank. Iterations ``1 .. measure_iters`` (the first one, iteration 0,
-    warms up) time every layer's backward; after the last of them rank 0's medians and the
+    The solver calls :meth:`on_start` at the start of every iteration on every rank (its
+    ``on_start`` callback, after the tests, where all ranks are together). Iterations
+    ``1 .. measure_iters`` (the first, 0, warms up) time every layer's backward; at the start of
+    the next one rank 0's medians and the
     communicator's alpha and beta (from ``model_path`` when given — the cost model file — else
     measured by :func:`measure_alpha_beta`) give the plan (:func:`layer_plan`), which every
     rank applies (rank 0's, so that all ranks share it) and rank 0 logs once. With a model file,
@@ -266,12 +267,9 @@ class AutoBuckets:
         self.model_mtime = None
         self.plan_info = None
 
-    def before_iteration(self, iteration):
-        if self.layer_seconds is None and 1 <= len(self.samples) + 1 <= self.measure_iters \
-                and iteration >= 1:
-            self.timer.start()
-
-    def after_iteration(self, iteration):
+    def on_start(self, iteration):
+        """Between iterations: record the last measured pass, plan when enough are measured
+        (or re-plan when the model file changed), arm the timer for a measured iteration."""
         if self.timer.armed:
             self.timer.stop()
             self.samples.append(dict(self.timer.seconds))
@@ -281,6 +279,8 @@ class AutoBuckets:
         elif self.model_path and self.layer_seconds is not None and \
                 iteration % self.check_every == 0 and self._model_changed():
             self._plan()
+        if self.layer_seconds is None and iteration >= 1:
+            self.timer.start()
 
     def _medians(self):
         layers = sorted({i for s in self.samples for i in s})

@@ -213,11 +213,19 @@ class Solver:
             str(tuple(b.shape)) for b in self.net.learnable_params))
         distributed.broadcast_params(self.net, self.comm)
         dealt = distributed.deal_records(self.net, self.rank, self.solver_count)
-        self.grad_sync = GradientSync(self.net, self.comm, bucket_mb=bucket_mb, op="mean")
+        auto = bucket_mb == "auto"
+        self.grad_sync = GradientSync(self.net, self.comm, bucket_mb=25.0 if auto else bucket_mb,
+                                      op="mean")
         self.net.add_after_backward(self.grad_sync.on_layer_backward_done)
-        logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB, "
+        if auto:    # MG-WFBP: planned from the first iterations' backward times
+            from ..comm.bucket_plan import AutoBuckets
+            planner = AutoBuckets(self.net, self.grad_sync, self.comm, log=logger,
+                                  model_path=os.environ.get("CAFFE_COST_MODEL") or None)
+            self.add_callback(lambda: planner.on_start(self.iter), lambda: None)
+        logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB%s, "
                     "records dealt to %s", self.rank, self.solver_count, self.comm.name,
-                    len(self.grad_sync.buckets), g(float(bucket_mb)), ", ".join(dealt) or "none")
+                    len(self.grad_sync.buckets), g(25.0 if auto else float(bucket_mb)),
+                    " until the auto plan" if auto else "", ", ".join(dealt) or "none")
         if self.debug_sync:
             distributed.check_params_in_sync(self.net, self.comm, iteration=0)
 
