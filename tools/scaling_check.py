@@ -3,28 +3,60 @@
 
 For each P in ``--procs``:
 
-1. **Predicted.** Per-layer forward/backward times come from ``caffe time`` on the solver's train
-   net, run with the BLAS threads each of P ranks gets (``cores // P``, at least 1, as
-   :func:`caffe_engine.comm.distributed.share_cores` sets them), and scaled by ``P / cores`` when
-   P ranks share fewer cores (oversubscription). The per-layer gradient sizes come from the net;
-   the allreduce time from the alpha-beta model fitted on ``tools/bench_allreduce.py``
-   (``--cost_model``, default ``docs/bench_allreduce_model.json``).
+1. **Predicted** (local mode; ``--no_predict`` skips it). Per-layer forward/backward times come
+   from ``caffe time`` on the solver's train net, run with the BLAS threads each of P ranks gets
+   (``cores // P``, at least 1, as :func:`caffe_engine.comm.distributed.share_cores` sets them),
+   and scaled by ``P / cores`` when P ranks share fewer cores (oversubscription). The per-layer
+   gradient sizes come from the net; the allreduce time from the alpha-beta model fitted on
+   ``tools/bench_allreduce.py`` (``--cost_model``, default ``docs/bench_allreduce_model.json``).
    :func:`caffe_engine.comm.cost_model.iteration_time` adds them up, with the bucketed
    overlap the engine uses.
 2. **Measured.** ``mpiexec -n P caffe train`` (``caffe train`` for P = 1) on a copy of the
-   solver with ``max_iter = --iters``, no testing and no snapshots; the iteration rate is the
-   median of the ``iter/s`` figures Caffe's log prints every ``display`` iterations (the first
-   one, which includes start-up, dropped).
+   solver with ``max_iter = --iters``, no testing and no snapshots; the iteration rate of a run
+   is the median of the ``iter/s`` figures Caffe's log prints every ``display`` iterations (the
+   first one, logged at iteration 0, dropped; ``--skip_iters K`` also drops those logged at
+   iterations <= K, e.g. past ``--bucket_mb auto``'s measuring and planning).
 
 Prints a markdown table: P, predicted and measured ms per iteration, images/s, and the
-weak-scaling speedup (P x batch images per iteration; speedup = P * T(1) / T(P)).
+weak-scaling speedup (P x batch images per iteration; speedup = P * T(1) / T(P)); then the
+table of every measured setting (below).
 
     python tools/scaling_check.py --solver models/lenet/lenet_solver.prototxt --procs 1 2 4
 
-Run from the repository root (the LeNet solver's paths are relative to it). The caller needs
+**Settings and repeats.** ``--bucket_mb`` takes a list (``25``, ``0.25``, ``auto`` ...; each
+value its own run, passed to ``caffe train --bucket_mb``), ``--overlap on off`` runs each with
+and without overlapping the gradient allreduce with backward (``off`` sets
+``CAFFE_GRAD_OVERLAP=0``: :class:`caffe_engine.comm.buckets.GradientSync` then reduces every
+bucket after backward), and ``--repeats R`` runs the whole list R times, in the same order each
+time (A B C, A B C, ...), so that a machine's slow spell spreads over the settings. P = 1 is run
+once per repeat (there is nothing to reduce). The settings table gives per (P, bucket, overlap)
+the median over the repeats of the runs' iterations/s, their spread (min-max, and
+(max - min) / median), images/s (P x batch x it/s), the speedup over the P = 1 median, and
+for ``auto`` the plan each run logged (``Buckets (--bucket_mb auto, MG-WFBP): ...``).
+``--out DIR`` writes it as ``DIR/table.md`` and every run (rates, plan, load average, seconds)
+as ``DIR/results.json``.
+
+**On an emulated network** (``--netlab``; root, see ``tools/netlab.py``): each run with P > 1
+gets a fresh lab of P hosts, one rank per host, host links shaped to ``--bandwidth`` (default
+1gbit), MPICH over TCP with the ``--netmod`` network module (default ofi: UCX's doubles two-way
+exchanges when ranks outnumber cores, see tools/bench_allreduce.py); P = 1 runs plain. Every
+rank gets ``--threads`` BLAS threads (default 1 with ``--netlab``: the hosts share this
+machine's cores) and no prediction is made. ``--data DIR`` points the net's Data layers at
+``DIR/train_lmdb``, ``DIR/test_lmdb`` (or the LMDBs named ``*train*lmdb``, ``*test*lmdb``,
+as in ``../shared/data/mnist_5k``) and ``DIR/mean.binaryproto`` (the layout of
+``../shared/data/synthetic_cifar``) in the solver's copy.
+
+    python tools/scaling_check.py --netlab --bandwidth 1gbit \
+        --solver models/cifar10_quick/cifar10_quick_solver.prototxt \
+        --data ../shared/data/synthetic_cifar --procs 4 --bucket_mb 0.001 0.05 0.25 25 auto \
+        --repeats 3 --iters 60 --display 5 --skip_iters 10 --out docs/bench/netlab/training
+
+Run from the repository root (the solvers' paths are relative to it). The caller needs
 mpi4py and the ``mpich`` wheel's ``mpiexec`` for P > 1.
 """
 import argparse
+import importlib.util
+import json
 import os
 import re
 import shutil
@@ -32,17 +64,23 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from caffe_engine.backend import cpu_cores  # noqa: E402
 from caffe_engine.comm import cost_model  # noqa: E402
+from caffe_engine.errors import CaffeError  # noqa: E402
 from caffe_engine.io import prototxt  # noqa: E402
 from caffe_engine.proto import caffe_pb2  # noqa: E402
 
 _LAYER_LINE = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.e+-]+) ms\.")
 _RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
+_PLAN_LINE = re.compile(r"(Buckets \(--bucket_mb auto, MG-WFBP\): .*)")
+#: What --overlap's words set CAFFE_GRAD_OVERLAP to.
+OVERLAP_ENV = {"on": "1", "off": "0"}
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def caffe_cmd():
@@ -72,81 +110,382 @@ def param_bytes(net_path):
             for name, layer in zip(net.layer_names, net.layers) if layer.blobs}
 
 
-def measured_rate(solver, procs, iters, comm, workdir):
-    """Median training iterations/s of ``caffe train`` on ``procs`` ranks."""
+# -- settings ------------------------------------------------------------------------------------
+def bucket_value(text):
+    """``--bucket_mb``'s values: ``auto`` or a positive size in MiB, kept as written."""
+    if text == "auto":
+        return text
+    try:
+        size = float(text)
+    except ValueError:
+        size = None
+    if size is None or not 0 < size < float("inf"):
+        raise argparse.ArgumentTypeError(f"want a positive size in MiB or auto, got {text!r}")
+    return text
+
+
+def settings(procs, buckets, overlaps):
+    """The runs of one repeat, in order: (P, bucket, overlap); P = 1 once, as (1, None, None)."""
+    out = []
+    for p in procs:
+        if p == 1:
+            out.append((1, None, None))
+        else:
+            out += [(p, b, o) for b in buckets for o in overlaps]
+    return out
+
+
+def run_rate(text, skip_iters=0):
+    """(rates, median) of one run's log: the ``iter/s`` figures logged at iterations > skip_iters
+    (the one at iteration 0, which covers no iteration, always dropped), and their median;
+    (rates, None) when none is left."""
+    rates = [float(r) for it, r in _RATE_LINE.findall(text) if int(it) > max(0, skip_iters)]
+    return rates, (statistics.median(rates) if rates else None)
+
+
+def plan_line(text):
+    """The ``Buckets (--bucket_mb auto, MG-WFBP): ...`` line of a log (its last), or None."""
+    found = _PLAN_LINE.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _fmt_bucket(bucket):
+    return "-" if bucket is None else str(bucket)
+
+
+def summarize(runs, batch):
+    """Group runs by (P, bucket, overlap), in first-seen order.
+
+    Returns:
+        list of dicts: procs, bucket_mb, overlap, rates (each run's median it/s), median,
+        low, high, spread (max - min over median), images_s, speedup (over the P = 1 median;
+        None without a P = 1 run), plans (the auto plan lines, one per run).
+    """
+    groups = {}
+    for r in runs:
+        key = (r["procs"], r["bucket_mb"], r["overlap"])
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (p, bucket, overlap), rs in groups.items():
+        rates = [r["median"] for r in rs if r.get("median")]
+        if not rates:
+            continue
+        med = statistics.median(rates)
+        rows.append({"procs": p, "bucket_mb": bucket, "overlap": overlap, "rates": rates,
+                     "median": med, "low": min(rates), "high": max(rates),
+                     "spread": (max(rates) - min(rates)) / med,
+                     "images_s": p * batch * med,
+                     "plans": [r["plan"] for r in rs if r.get("plan")]})
+    base = next((r["median"] for r in rows if r["procs"] == 1), None)
+    for row in rows:
+        row["speedup"] = row["procs"] * row["median"] / base if base else None
+    return rows
+
+
+def settings_table(rows):
+    """Markdown table of :func:`summarize`'s rows, then the auto plans."""
+    lines = ["| P | --bucket_mb | overlap | iterations/s, median (runs' min-max) | spread "
+             "| images/s | speedup | runs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}"
+        lines.append(f"| {r['procs']} | {_fmt_bucket(r['bucket_mb'])} | "
+                     f"{r['overlap'] or '-'} | {r['median']:.3f} ({r['low']:.3f}-{r['high']:.3f}) "
+                     f"| {100 * r['spread']:.0f} % | {r['images_s']:.0f} | {speedup} | "
+                     f"{len(r['rates'])} |")
+    plans = [(r, plan) for r in rows for plan in r["plans"]]
+    if plans:
+        lines += ["", "Auto plans (one line per run):", ""]
+        lines += [f"- P = {r['procs']}, overlap {r['overlap']}: `{plan}`" for r, plan in plans]
+    return "\n".join(lines)
+
+
+# -- running -------------------------------------------------------------------------------------
+def load_netlab():
+    """tools/netlab.py as a module (a script beside this one, not part of the package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab.py")
+    spec = importlib.util.spec_from_file_location("netlab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def data_sources(data):
+    """(train LMDB, test LMDB) in folder ``data``: ``train_lmdb`` and ``test_lmdb``, or else the
+    first entries (sorted) whose names hold ``train`` / ``test`` and end in ``lmdb`` (as
+    ``mnist_train_lmdb``); the plain names when nothing matches."""
+    try:
+        names = sorted(os.listdir(data))
+    except OSError:
+        names = []
+
+    def pick(kind):
+        if f"{kind}_lmdb" in names:
+            return os.path.join(data, f"{kind}_lmdb")
+        found = [n for n in names if kind in n and n.endswith("lmdb")]
+        return os.path.join(data, found[0] if found else f"{kind}_lmdb")
+    return pick("train"), pick("test")
+
+
+def point_data(net_param, data):
+    """Point the Data layers of ``net_param`` at the LMDBs of folder ``data``
+    (:func:`data_sources`; TEST-only layers at the test one) and at ``data``/mean.binaryproto
+    (where a layer has a mean file), in place."""
+    train, test = data_sources(data)
+    for layer in net_param.layer:
+        if layer.type != "Data":
+            continue
+        phases = {rule.phase for rule in layer.include if rule.HasField("phase")}
+        layer.data_param.source = test if phases == {caffe_pb2.TEST} else train
+        if layer.transform_param.mean_file:
+            layer.transform_param.mean_file = os.path.join(data, "mean.binaryproto")
+
+
+def write_solver(solver, iters, workdir, display=None, data=None):
+    """A copy of ``solver`` for measuring (absolute net path, ``max_iter = iters``, no tests,
+    no snapshots; its net copied with :func:`point_data` when ``data``); returns its path."""
     param = caffe_pb2.SolverParameter()
     prototxt.read_text(solver, param, "solver")
     param.net = os.path.abspath(os.path.join(ROOT, param.net))
+    if data:
+        net = prototxt.read_net_param(param.net)
+        point_data(net, os.path.abspath(data))
+        param.net = os.path.join(workdir, "net.prototxt")
+        prototxt.write_text(param.net, net)
     param.max_iter = iters
-    param.display = max(1, iters // 8)
+    param.display = display or max(1, iters // 8)
     param.test_interval = iters + 1
     param.test_initialization = False
     param.ClearField("test_iter")
     param.snapshot = 0
     param.snapshot_after_train = False
-    path = os.path.join(workdir, f"solver_P{procs}.prototxt")
+    path = os.path.join(workdir, "solver.prototxt")
     prototxt.write_text(path, param)
-    cmd = caffe_cmd() + ["train", f"--solver={path}", f"--comm={comm}"]
-    if procs > 1:
-        cmd = ["mpiexec", "-n", str(procs)] + cmd
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    return path
+
+
+def train_argv(solver_path, comm, bucket):
+    cmd = caffe_cmd() + ["train", f"--solver={solver_path}", f"--comm={comm}"]
+    return cmd + ([f"--bucket_mb={bucket}"] if bucket is not None else [])
+
+
+def run_env(overlap=None, threads=None, netmod=None, cost_model_path=None):
+    """The ranks' environment: overlap switch, BLAS threads, MPICH netmod, auto's cost model."""
+    env = dict(os.environ)
+    env.pop("CAFFE_GRAD_OVERLAP", None)
+    if overlap is not None:
+        env["CAFFE_GRAD_OVERLAP"] = OVERLAP_ENV[overlap]
+    if threads:
+        env.update({var: str(threads) for var in THREAD_VARS})
+    if netmod and netmod != "default":
+        env["MPIR_CVAR_CH4_NETMOD"] = netmod
+    if cost_model_path:
+        env["CAFFE_COST_MODEL"] = os.path.abspath(cost_model_path)
+    return env
+
+
+def measure(solver_path, procs, comm, bucket=None, overlap=None, env=None, lab_factory=None,
+            skip_iters=0, timeout=None):
+    """One training run; returns a dict: rates, median it/s, plan (auto's line), seconds,
+    load average before it. ``lab_factory(P)`` (with P > 1) makes the lab to run in."""
+    argv = train_argv(solver_path, comm, bucket if procs > 1 else None)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    t0 = time.time()
+    try:
+        if procs > 1 and lab_factory is not None:
+            with lab_factory(procs) as lab:
+                out = lab.mpiexec(argv, env=env, timeout=timeout, cwd=ROOT, capture_output=True,
+                                  text=True)
+        else:
+            cmd = (["mpiexec", "-n", str(procs)] if procs > 1 else []) + argv
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
+                                 timeout=timeout)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"scaling_check: training on {procs} ranks took more than {timeout:g} s")
+    seconds = time.time() - t0
+    text = (out.stderr or "") + (out.stdout or "")
     if out.returncode != 0:
-        sys.exit(f"scaling_check: training on {procs} ranks failed (exit {out.returncode}): "
-                 f"{(out.stderr.strip().splitlines() or [''])[-1]}")
-    rates = [float(r) for _, r in _RATE_LINE.findall(out.stderr + out.stdout)]
-    if len(rates) < 2:
-        sys.exit(f"scaling_check: no iteration rates in the log of the {procs}-rank run")
-    return statistics.median(rates[1:])
+        sys.exit(f"scaling_check: training on {procs} ranks (--bucket_mb {_fmt_bucket(bucket)}, "
+                 f"overlap {overlap or '-'}) failed (exit {out.returncode}): "
+                 f"{(text.strip().splitlines() or [''])[-1]}")
+    rates, med = run_rate(text, skip_iters)
+    if med is None:
+        sys.exit(f"scaling_check: no iteration rates past iteration {skip_iters} in the log of "
+                 f"the {procs}-rank run")
+    return {"procs": procs, "bucket_mb": bucket if procs > 1 else None,
+            "overlap": overlap if procs > 1 else None, "rates": rates, "median": med,
+            "plan": plan_line(text), "seconds": round(seconds, 2), "load_before": load}
 
 
-def main(argv=None):
+def netlab_factory(args):
+    """(function P -> a fresh :class:`netlab.Lab` of P hosts, one rank each; description of where
+    the runs go); (None, "one machine ...") without ``--netlab``."""
+    if not args.netlab:
+        return None, "one machine, MPICH shared memory"
+    netlab = load_netlab()
+    ok, why = netlab.available()
+    if not ok:
+        sys.exit(f"scaling_check: --netlab: {why}")
+    rate = netlab.format_rate(netlab.parse_rate(args.bandwidth))
+    return ((lambda p: netlab.Lab(p, 1, args.bandwidth)),
+            f"netlab: one rank per emulated host, {rate} host links, MPICH netmod {args.netmod} "
+            f"over TCP; P = 1 plain")
+
+
+def measured_rate(solver, procs, iters, comm, workdir):
+    """Median training iterations/s of ``caffe train`` on ``procs`` ranks (local mode)."""
+    path = write_solver(solver, iters, workdir)
+    return measure(path, procs, comm)["median"]
+
+
+# -- main ----------------------------------------------------------------------------------------
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--solver", default="models/lenet/lenet_solver.prototxt")
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--iters", type=int, default=400, help="training iterations per run")
+    ap.add_argument("--display", type=int, default=None,
+                    help="the solver's display interval (default iters // 8)")
+    ap.add_argument("--skip_iters", type=int, default=0,
+                    help="also drop the rates logged at iterations <= this")
     ap.add_argument("--time_iterations", type=int, default=50, help="caffe time --iterations")
     ap.add_argument("--comm", default="tree")
+    ap.add_argument("--bucket_mb", type=bucket_value, nargs="+", default=["25"],
+                    help="gradient bucket sizes in MiB or auto, each its own run "
+                         "(default: 25, caffe train's)")
+    ap.add_argument("--overlap", nargs="+", choices=sorted(OVERLAP_ENV), default=["on"],
+                    help="on: allreduce buckets during backward (the engine's default); off: "
+                         "all after backward (CAFFE_GRAD_OVERLAP=0)")
+    ap.add_argument("--repeats", type=int, default=1, help="run the list of settings R times")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="BLAS threads per rank (OMP/OPENBLAS/MKL_NUM_THREADS; default: the "
+                         "engine's share of the cores locally, 1 with --netlab)")
+    ap.add_argument("--data", default=None,
+                    help="folder with train_lmdb, test_lmdb, mean.binaryproto for the Data layers")
+    ap.add_argument("--auto_cost_model", default=None,
+                    help="CAFFE_COST_MODEL for --bucket_mb auto (default: alpha and beta "
+                         "measured at the start of each run)")
     ap.add_argument("--cost_model", default="docs/bench_allreduce_model.json")
+    ap.add_argument("--no_predict", action="store_true", help="measure only (local mode)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--out", default=None, help="write table.md and results.json here")
+    net = ap.add_argument_group("emulated network (tools/netlab.py; root)")
+    net.add_argument("--netlab", action="store_true",
+                     help="P > 1: P emulated hosts, one rank each, MPICH over TCP")
+    net.add_argument("--bandwidth", default="1gbit", help="host links' rate (tc words)")
+    net.add_argument("--netmod", default="ofi", choices=["ofi", "ucx", "default"],
+                     help="MPICH's network module (MPIR_CVAR_CH4_NETMOD)")
     args = ap.parse_args(argv)
+    if args.repeats < 1 or args.iters < 1 or (args.display is not None and args.display < 1):
+        ap.error("--repeats, --iters and --display must be positive")
+    display = args.display or max(1, args.iters // 8)
+    if (args.iters - 1) // display * display <= max(0, args.skip_iters):
+        ap.error(f"--skip_iters {args.skip_iters} leaves no logged rate in {args.iters} "
+                 f"iterations")
+    if args.netlab:
+        args.no_predict = True
+        if args.threads is None:
+            args.threads = 1
+    return args
 
+
+def main(argv=None):
+    args = parse_args(argv)
     os.chdir(ROOT)
-    param = caffe_pb2.SolverParameter()
-    prototxt.read_text(args.solver, param, "solver")
-    net_path = param.net
-    batch = _train_batch(net_path)
-    model = cost_model.AlphaBetaModel.load(args.cost_model)
-    grads = param_bytes(net_path)
-    n_cores = cpu_cores()
-    rows = []
+    try:
+        return _main(args, argv)
+    except CaffeError as exc:
+        sys.exit(f"scaling_check: {exc}")
+
+
+def _main(args, argv):
     workdir = tempfile.mkdtemp(prefix="scaling_check_")
     try:
-        for p in args.procs:
-            threads = max(1, n_cores // p)
-            share = max(1.0, p / n_cores)
-            times = {k: (f * share, b * share)
-                     for k, (f, b) in layer_times(net_path, threads, args.time_iterations).items()}
-            comm = (lambda n: 0.0) if p == 1 else (lambda n, p=p: model.predict(args.comm, n, p))
-            it = cost_model.iteration_time(times, grads, comm, overlap=True)
-            rate = measured_rate(args.solver, p, args.iters, args.comm, workdir)
-            rows.append((p, threads, it, 1.0 / rate))
+        solver_path = write_solver(args.solver, args.iters, workdir, args.display, args.data)
+        copy = caffe_pb2.SolverParameter()
+        prototxt.read_text(solver_path, copy, "solver")
+        net_path = copy.net
+        batch = _train_batch(net_path)
+        lab_factory, lab_desc = netlab_factory(args)
+        plan = settings(args.procs, args.bucket_mb, args.overlap)
+        runs = []
+        t_start = time.time()
+        for rep in range(args.repeats):
+            for p, bucket, overlap in plan:
+                env = run_env(overlap, args.threads, args.netmod if args.netlab else None,
+                              args.auto_cost_model)
+                run = measure(solver_path, p, args.comm, bucket, overlap, env, lab_factory,
+                              args.skip_iters, args.timeout)
+                run["repeat"] = rep
+                runs.append(run)
+                print(f"[{rep + 1}/{args.repeats}] P = {p}, --bucket_mb {_fmt_bucket(bucket)}, "
+                      f"overlap {overlap or '-'}: {run['median']:.3f} it/s "
+                      f"({len(run['rates'])} rates, {run['seconds']:.0f} s, load "
+                      f"{run['load_before']:.1f})" + (f"\n    {run['plan']}" if run["plan"]
+                                                      else ""), file=sys.stderr, flush=True)
+        total_s = time.time() - t_start
+        predictions = None if args.no_predict else predict(args, net_path, runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    t1_pred, t1_meas = rows[0][2]["total"], rows[0][3]
-    print(f"{args.solver}: batch {batch} per rank, {n_cores} cores, --comm {args.comm}, "
-          f"cost model {args.cost_model}")
+    rows = summarize(runs, batch)
+    header = (f"{args.solver}: batch {batch} per rank, {args.iters} iterations per run "
+              f"(display {args.display or max(1, args.iters // 8)}, rates logged at iterations <= "
+              f"{args.skip_iters} dropped), --comm {args.comm}, {lab_desc}, BLAS threads per "
+              f"rank {args.threads or 'engine default'}, {cpu_cores()} cores, {args.repeats} "
+              f"repeat(s) in alternating order; {total_s:.0f} s in all")
+    print(header)
     print()
-    print("| P | BLAS threads/rank | predicted ms/iter (compute + exposed comm) | measured ms/iter "
-          "| predicted img/s | measured img/s | predicted speedup | measured speedup |")
-    print("|---|---|---|---|---|---|---|---|")
+    if predictions is not None:
+        print(predictions)
+        print()
+    table = settings_table(rows)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump({"command": sys.argv if argv is None else ["scaling_check.py"] + list(argv),
+                       "header": header, "batch": batch, "rows": rows, "runs": runs,
+                       "seconds": round(total_s, 1)}, f, indent=1)
+    return 0
+
+
+def predict(args, net_path, runs):
+    """The local mode's table: predicted against measured (the first setting's median) per P."""
+    model = cost_model.AlphaBetaModel.load(args.cost_model)
+    grads = param_bytes(net_path)
+    n_cores = cpu_cores()
+    batch = _train_batch(net_path)
+    bucket = float(args.bucket_mb[0]) if args.bucket_mb[0] != "auto" else 25.0
+    overlap = args.overlap[0] == "on"
+    rows = []
+    for p in args.procs:
+        threads = args.threads or max(1, n_cores // p)
+        share = max(1.0, p / n_cores)
+        times = {k: (f * share, b * share)
+                 for k, (f, b) in layer_times(net_path, threads, args.time_iterations).items()}
+        comm = (lambda n: 0.0) if p == 1 else (lambda n, p=p: model.predict(args.comm, n, p))
+        it = cost_model.iteration_time(times, grads, comm, overlap=overlap, bucket_mb=bucket)
+        mine = [r["median"] for r in runs if r["procs"] == p and
+                r["bucket_mb"] in (None, args.bucket_mb[0]) and
+                r["overlap"] in (None, args.overlap[0])]
+        rows.append((p, threads, it, 1.0 / statistics.median(mine)))
+    t1_pred, t1_meas = rows[0][2]["total"], rows[0][3]
+    lines = [f"Predicted with cost model {args.cost_model}:", "",
+             "| P | BLAS threads/rank | predicted ms/iter (compute + exposed comm) | measured "
+             "ms/iter | predicted img/s | measured img/s | predicted speedup | measured speedup |",
+             "|---|---|---|---|---|---|---|---|"]
     for p, threads, it, t_meas in rows:
         t_pred = it["total"]
         compute = it["forward"] + it["backward"]
-        print(f"| {p} | {threads} | {t_pred * 1e3:.1f} ({compute * 1e3:.1f} + "
-              f"{it['exposed'] * 1e3:.2f}) | {t_meas * 1e3:.1f} | {p * batch / t_pred:.0f} | "
-              f"{p * batch / t_meas:.0f} | {p * t1_pred / t_pred:.2f} | "
-              f"{p * t1_meas / t_meas:.2f} |")
-    return 0
+        lines.append(f"| {p} | {threads} | {t_pred * 1e3:.1f} ({compute * 1e3:.1f} + "
+                     f"{it['exposed'] * 1e3:.2f}) | {t_meas * 1e3:.1f} | "
+                     f"{p * batch / t_pred:.0f} | {p * batch / t_meas:.0f} | "
+                     f"{p * t1_pred / t_pred:.2f} | "
+                     f"{p * t1_meas / t_meas:.2f} |")
+    return "\n".join(lines)
 
 
 def _train_batch(net_path):

@@ -21,11 +21,16 @@ layers that replace arrays would break). Every rank launches the buckets in the 
 bucket order, fixed at build time), whatever the timing of the callbacks.
 
 Without ``begin()`` (or without a per-layer hook in the net) ``finish()`` reduces all buckets
-at once; the result is the same, only the overlap is lost.
+at once; the result is the same, only the overlap is lost. ``overlap=False`` (or the environment
+variable ``CAFFE_GRAD_OVERLAP=0``, read when the object is made) does that on purpose: the hook
+launches nothing and ``finish()`` reduces every bucket after backward, for measuring what the
+overlap buys (tools/scaling_check.py ``--overlap off``).
 
 Caffe: src/caffe/parallel.cpp (NCCL::run per layer with ``layer_wise_reduce``, then the scale by
 1 / solver_count), include/caffe/net.hpp (``add_after_backward``).
 """
+import os
+
 import numpy
 
 from .. import backend
@@ -81,6 +86,16 @@ def plan_buckets(counts, ready_layers, bucket_bytes):
     return buckets
 
 
+OVERLAP_VAR = "CAFFE_GRAD_OVERLAP"
+
+
+def overlap_from_env(environ=None):
+    """False when ``CAFFE_GRAD_OVERLAP`` is ``0``, ``off``, ``false`` or ``no`` (any case), else
+    True (also unset or empty): whether :class:`GradientSync` overlaps by default."""
+    value = (os.environ if environ is None else environ).get(OVERLAP_VAR, "")
+    return value.strip().lower() not in ("0", "off", "false", "no")
+
+
 class Bucket:
     """Params reduced together: ``params`` (indices), ``offsets``, ``buffer``, ``ready_layer``."""
 
@@ -116,21 +131,29 @@ class GradientSync:
         op: "mean" (default; Caffe divides the summed diffs by the solver count) or "sum".
         plan: explicit buckets (lists of param indices, launch order) instead of ``bucket_mb``'s
             (see :meth:`set_plan`).
+        overlap: launch each bucket from the per-layer hook as soon as backward has finished it
+            (True), or reduce all buckets in :meth:`finish`, after backward (False: no overlap;
+            :meth:`on_layer_backward_done` then does nothing). None (default): the environment
+            variable ``CAFFE_GRAD_OVERLAP`` decides, read here, once: ``0``, ``off``, ``false``
+            or ``no`` turn the overlap off, anything else (or unset) leaves it on. The same
+            buckets are reduced in the same order either way, so the results are the same bits.
 
     Attributes:
         buckets: list of :class:`Bucket` in launch order.
         launched: number of buckets launched in the current iteration.
+        overlap: whether buckets are launched during backward.
 
     Raises:
         CaffeError: op not "sum"/"mean"; a plan that is not a launch order of every param once.
     """
 
-    def __init__(self, net, comm, bucket_mb=25.0, op="mean", plan=None):
+    def __init__(self, net, comm, bucket_mb=25.0, op="mean", plan=None, overlap=None):
         if op not in ("sum", "mean"):
             raise CaffeError(f"GradientSync: op must be 'sum' or 'mean', got {op!r}")
         self.net = net
         self.comm = comm
         self.op = op
+        self.overlap = overlap_from_env() if overlap is None else bool(overlap)
         self.bucket_bytes = int(float(bucket_mb) * (1 << 20))
         self.ready_layers = param_ready_layers(net)
         self.launched = 0
@@ -172,8 +195,8 @@ class GradientSync:
 
     def on_layer_backward_done(self, layer_index):
         """Backward has finished layer ``layer_index`` (called for every index, high to low):
-        launch every bucket whose gradients are now final."""
-        if not self.armed or not self.active:
+        launch every bucket whose gradients are now final (nothing without overlap)."""
+        if not self.armed or not self.active or not self.overlap:
             return
         while self.launched < len(self.buckets):
             bucket = self.buckets[self.launched]

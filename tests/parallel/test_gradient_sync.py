@@ -102,9 +102,9 @@ def test_overlap_hook_launches_early_and_gives_same_bits(make):
     plain = GradientSync(net, comm, bucket_mb=0)
     plain.finish()
     reference = digest(diffs(net))
-    # Path 2: the per-layer hook, one bucket per param.
+    # Path 2: the per-layer hook, one bucket per param (overlap on whatever CAFFE_GRAD_OVERLAP).
     net = setup_rank(comm)
-    sync = GradientSync(net, comm, bucket_mb=0)
+    sync = GradientSync(net, comm, bucket_mb=0, overlap=True)
     seen = []
 
     def hook(i):

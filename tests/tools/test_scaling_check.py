@@ -1,0 +1,155 @@
+"""tools/scaling_check.py's options and bookkeeping, without a lab, MPI or a training run:
+argument parsing (bucket lists with auto, overlap, --netlab's defaults), the order of the runs,
+reading a log, the settings table, the solver copy pointed at a data folder, the ranks' env.
+
+Oracles: logs and runs written by hand (their medians and spreads worked out here), and the
+cifar10_quick prototxts of models/.
+"""
+import importlib.util
+import os
+
+import pytest
+
+from caffe_engine.io import prototxt
+from caffe_engine.proto import caffe_pb2
+from paths import ROOT
+
+SPEC = importlib.util.spec_from_file_location("scaling_check", ROOT / "tools" / "scaling_check.py")
+sc = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(sc)
+
+LOG = """I1201 solver.cpp] Iteration 0 (0 iter/s, 0.5s/5 iters), loss = 2.3
+I1201 solver.cpp] Iteration 5 (1.5 iter/s, 3.3s/5 iters), loss = 2.3
+I1201 bucket_plan.py] Buckets (--bucket_mb auto, MG-WFBP): alpha 0.3 ms, beta 36 ns/byte \
+(measured); 5 bucket(s): ip2 2.54 KiB, ip1 256 KiB; predicted backward 216 ms
+I1201 solver.cpp] Iteration 10 (2 iter/s, 2.5s/5 iters), loss = 2.2
+I1201 solver.cpp] Iteration 15 (4 iter/s, 1.2s/5 iters), loss = 2.2
+I1201 solver.cpp] Iteration 20 (3 iter/s, 1.6s/5 iters), loss = 2.1
+I1201 solver.cpp] Iteration 25 (5 iter/s, 1s/5 iters), loss = 2.1
+I1201 solver.cpp] Iteration 30, loss = 2.0
+"""
+
+
+def test_bucket_list_with_auto_and_overlap_both():
+    args = sc.parse_args(["--bucket_mb", "0.001", "25", "auto", "--overlap", "on", "off",
+                          "--procs", "1", "4", "--repeats", "3"])
+    assert args.bucket_mb == ["0.001", "25", "auto"]
+    assert args.overlap == ["on", "off"]
+    assert (args.netlab, args.threads, args.no_predict) == (False, None, False)
+    assert sc.parse_args([]).bucket_mb == ["25"]          # caffe train's default, as before
+
+
+def test_netlab_defaults():
+    args = sc.parse_args(["--netlab", "--procs", "1", "2"])
+    assert (args.netlab, args.bandwidth, args.netmod, args.threads, args.no_predict) == \
+        (True, "1gbit", "ofi", 1, True)
+    assert sc.parse_args(["--netlab", "--threads", "2", "--bandwidth", "100mbit"]).threads == 2
+
+
+@pytest.mark.parametrize("argv", [["--bucket_mb", "0"], ["--bucket_mb", "big"],
+                                  ["--bucket_mb", "-1"], ["--overlap", "maybe"],
+                                  ["--repeats", "0"],
+                                  ["--iters", "60", "--display", "5", "--skip_iters", "55"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        sc.parse_args(argv)
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_skip_iters_leaving_one_rate_is_fine():
+    sc.parse_args(["--iters", "60", "--display", "5", "--skip_iters", "54"])
+
+
+def test_settings_order_and_one_run_for_p1():
+    assert sc.settings([1, 4], ["0.1", "auto"], ["on", "off"]) == [
+        (1, None, None), (4, "0.1", "on"), (4, "0.1", "off"), (4, "auto", "on"),
+        (4, "auto", "off")]
+
+
+def test_rates_and_plan_from_a_log():
+    assert sc.run_rate(LOG) == ([1.5, 2.0, 4.0, 3.0, 5.0], 3.0)   # iteration 0's dropped
+    assert sc.run_rate(LOG, skip_iters=10) == ([4.0, 3.0, 5.0], 4.0)
+    assert sc.run_rate(LOG, skip_iters=25) == ([], None)
+    assert sc.plan_line(LOG).startswith("Buckets (--bucket_mb auto, MG-WFBP): alpha 0.3 ms")
+    assert sc.plan_line(LOG).endswith("predicted backward 216 ms")
+    assert sc.plan_line("Iteration 5 (1 iter/s") is None
+
+
+def run(p, bucket, overlap, median, plan=None):
+    return {"procs": p, "bucket_mb": bucket, "overlap": overlap, "median": median, "plan": plan,
+            "rates": [median]}
+
+
+def test_summary_medians_spreads_speedups_and_table():
+    runs = [run(1, None, None, 4.0), run(4, "25", "on", 2.0), run(4, "auto", "on", 2.2, "P1"),
+            run(1, None, None, 6.0), run(4, "25", "on", 2.5), run(4, "auto", "on", 1.8, "P2"),
+            run(1, None, None, 5.0), run(4, "25", "on", 3.0), run(4, "auto", "on", 2.0, "P3")]
+    rows = sc.summarize(runs, batch=100)
+    assert [(r["procs"], r["bucket_mb"]) for r in rows] == [(1, None), (4, "25"), (4, "auto")]
+    one, fixed, auto = rows
+    assert (one["median"], one["low"], one["high"], one["speedup"]) == (5.0, 4.0, 6.0, 1.0)
+    assert one["spread"] == pytest.approx(0.4)
+    assert fixed["median"] == 2.5 and fixed["images_s"] == pytest.approx(1000.0)
+    assert fixed["speedup"] == pytest.approx(4 * 2.5 / 5.0)
+    assert auto["median"] == 2.0 and auto["plans"] == ["P1", "P2", "P3"]
+    table = sc.settings_table(rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("| P | --bucket_mb | overlap | iterations/s")
+    assert lines[2] == "| 1 | - | - | 5.000 (4.000-6.000) | 40 % | 500 | 1.00 | 3 |"
+    assert lines[3] == "| 4 | 25 | on | 2.500 (2.000-3.000) | 40 % | 1000 | 2.00 | 3 |"
+    assert lines[4] == "| 4 | auto | on | 2.000 (1.800-2.200) | 20 % | 800 | 1.60 | 3 |"
+    assert "- P = 4, overlap on: `P2`" in table
+    # Without a P = 1 run there is no speedup.
+    assert sc.summarize([run(2, "25", "off", 1.0)], 10)[0]["speedup"] is None
+
+
+def test_solver_copy_points_at_the_data_folder(tmp_path):
+    data = tmp_path / "cifar"
+    path = sc.write_solver("models/cifar10_quick/cifar10_quick_solver.prototxt", 60,
+                           str(tmp_path), display=5, data=str(data))
+    param = caffe_pb2.SolverParameter()
+    prototxt.read_text(path, param, "solver")
+    assert (param.max_iter, param.display, param.test_interval, param.snapshot) == (60, 5, 61, 0)
+    assert not param.test_iter and not param.snapshot_after_train
+    net = prototxt.read_net_param(param.net)
+    sources = {(tuple(r.phase for r in layer.include), layer.data_param.source,
+                layer.transform_param.mean_file) for layer in net.layer if layer.type == "Data"}
+    mean = str(data / "mean.binaryproto")
+    assert sources == {((caffe_pb2.TRAIN,), str(data / "train_lmdb"), mean),
+                       ((caffe_pb2.TEST,), str(data / "test_lmdb"), mean)}
+    # Without --data the net is the original, by absolute path.
+    plain = sc.write_solver("models/cifar10_quick/cifar10_quick_solver.prototxt", 8,
+                            str(tmp_path))
+    param = caffe_pb2.SolverParameter()
+    prototxt.read_text(plain, param, "solver")
+    assert param.net == os.path.abspath(ROOT / "models/cifar10_quick/"
+                                        "cifar10_quick_train_test.prototxt")
+    assert param.display == 1
+
+
+def test_rank_environment(monkeypatch):
+    monkeypatch.setenv("CAFFE_GRAD_OVERLAP", "0")
+    env = sc.run_env("off", threads=1, netmod="ofi", cost_model_path="m.json")
+    assert env["CAFFE_GRAD_OVERLAP"] == "0"
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
+    assert env["MPIR_CVAR_CH4_NETMOD"] == "ofi"
+    assert env["CAFFE_COST_MODEL"] == os.path.abspath("m.json")
+    assert sc.run_env("on")["CAFFE_GRAD_OVERLAP"] == "1"
+    plain = sc.run_env(None, netmod="default")
+    assert "CAFFE_GRAD_OVERLAP" not in plain and "MPIR_CVAR_CH4_NETMOD" not in plain
+    assert sc.train_argv("s.prototxt", "tree", "auto")[-1] == "--bucket_mb=auto"
+    assert not any(a.startswith("--bucket_mb") for a in sc.train_argv("s", "tree", None))
+
+
+def test_data_folder_layouts(tmp_path):
+    (tmp_path / "a" / "train_lmdb").mkdir(parents=True)
+    (tmp_path / "a" / "test_lmdb").mkdir()
+    (tmp_path / "b" / "mnist_train_lmdb").mkdir(parents=True)
+    (tmp_path / "b" / "mnist_test_lmdb").mkdir()
+    assert sc.data_sources(str(tmp_path / "a")) == (str(tmp_path / "a" / "train_lmdb"),
+                                                    str(tmp_path / "a" / "test_lmdb"))
+    assert sc.data_sources(str(tmp_path / "b")) == (str(tmp_path / "b" / "mnist_train_lmdb"),
+                                                    str(tmp_path / "b" / "mnist_test_lmdb"))
+    assert sc.data_sources(str(tmp_path / "none")) == (str(tmp_path / "none" / "train_lmdb"),
+                                                       str(tmp_path / "none" / "test_lmdb"))
