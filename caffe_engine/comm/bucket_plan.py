@@ -38,6 +38,8 @@ import time
 
 import numpy
 
+from .buckets import plan_buckets
+
 
 def simulate(groups, backward_s, nbytes, alpha, beta):
     """Times of one backward pass with ``groups`` sent as merged messages.
@@ -112,17 +114,9 @@ def optimal_groups(backward_s, nbytes, alpha, beta):
 
 
 def size_groups(nbytes, bucket_bytes):
-    """Fixed-size grouping of consecutive layers (what ``--bucket_mb X`` does), for comparing."""
-    groups, current, size = [], [], 0
-    for k, b in enumerate(nbytes):
-        if current and size + b > bucket_bytes:
-            groups.append(current)
-            current, size = [], 0
-        current.append(k)
-        size += b
-    if current:
-        groups.append(current)
-    return groups
+    """Fixed-size grouping of consecutive layers (what ``--bucket_mb X`` does), for comparing:
+    :func:`.buckets.plan_buckets` with each layer as one "param" of ``nbytes / 4`` floats."""
+    return plan_buckets(nbytes, [-k for k in range(len(nbytes))], 4 * bucket_bytes)
 
 
 class BackwardTimer:
