@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${RUN_SLOW:-0}" = 1 ]; then marks=(); else marks=(-m "not slow"); fi
 python -m pytest -q "${marks[@]}"
-bash tests/parallel/run_all.sh 4
+bash tests/parallel/run_all.sh 4 "${marks[@]}"
