@@ -5,6 +5,7 @@ Run it plainly; it starts ``mpiexec -n P`` itself for each P and gathers the res
 
     python tools/bench_allreduce.py                       # P = 2 4 8, 4 KiB .. 64 MiB
     python tools/bench_allreduce.py --procs 2 4 --algorithms tree mpi --sizes 32M
+    python tools/bench_allreduce.py --procs 4 --algorithms hier hier,lanes=1   # options
     python tools/bench_allreduce.py --out bench_out        # table.md, results.json, plot.png
 
 Each cell is the median over ``--reps`` repetitions of the slowest rank's time for one blocking
@@ -80,10 +81,13 @@ def worker(args):
     from mpi4py import MPI
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from caffe_engine.comm.communicator import get_communicator
+    from caffe_engine.comm.cost_model import parse_algorithm
     world = MPI.COMM_WORLD
     rows = []
     for name in args.algorithms:
-        comm = get_communicator(name, world, timeout=600)
+        spec, options = name.split(",")[0], parse_algorithm(name)[1]
+        options.pop("inter", None)                     # in ``spec`` already
+        comm = get_communicator(spec, world, timeout=600, **options)
         for nbytes in [parse_size(s) for s in args.sizes]:
             n = nbytes // 4
             buf = numpy.ones(n, numpy.float32)

@@ -260,29 +260,60 @@ def _mpi_schedule(nbytes, p, rph):
     return stages
 
 
-def _hier_schedule(nbytes, p, rph, inter, chunk_bytes, branching):
-    # hier.py: nodes are the hosts (N of K = ranks_per_host ranks, leader = lowest rank). Per
-    # chunk (4 MiB): the members' pieces reach the leader over the node's intra link, the leaders
-    # allreduce the chunk (ring or tree among N, one per host), the leader sends it back. The
-    # members send every chunk at once and the leader's broadcast does not wait, so the intra
-    # traffic of one chunk overlaps the leaders' allreduce of the next: fill (first chunk up) +
-    # m x max(leaders' allreduce of a chunk, intra link's up + down of a chunk) + drain.
+def _hier_schedule(nbytes, p, rph, inter, chunk_bytes, branching, lanes=None):
+    # hier.py: nodes are the hosts (N of K = ranks_per_host ranks), L lanes (default K; 1: the
+    # paper's single leader). Per chunk (4 MiB): every rank sends slice s (c/L bytes) to the
+    # node's owner of slice s over the node's intra paths (reduce-scatter), the L lanes
+    # allreduce their slices across the nodes side by side (ring or tree among N, one owner per
+    # host; the host's link carries all L lanes' bytes), each owner sends its slice back to the
+    # node (all-gather). Every rank sends all its pieces at once and the all-gather does not
+    # wait, so one chunk's intra traffic overlaps the next chunk's lanes: fill (the first
+    # chunk's reduce-scatter) + m x max(the lanes' allreduce of a chunk, the intra paths'
+    # reduce-scatter + all-gather of a chunk) + drain (the last chunk's all-gather).
     k = min(rph, p)
     n_nodes = -(-p // k)
+    lanes = k if lanes is None else max(1, min(int(lanes), k))
     count = int(nbytes) // 4
     nchunks = len(chunk_bounds(count, max(1, int(chunk_bytes) // 4))) or 1
     c = float(nbytes) / nchunks
-    members = range(1, k)
-    fill = _stage([(m, 0, c) for m in members], rph) if k > 1 else None
-    drain = _stage([(0, m, c) for m in members], rph) if k > 1 else None
-    both = _stage([(m, 0, c) for m in members] + [(0, m, c) for m in members], rph)
-    leaders = (link_schedule(inter, c, n_nodes, 1, branching, chunk_bytes)
-               if n_nodes > 1 else [])
+    piece = c / lanes
+    scatter = [(j, s, piece) for j in range(k) for s in range(lanes) if s != j]
+    gather = [(s, j, piece) for j, s, _ in scatter]
+    fill = _stage(scatter, rph) if k > 1 else None
+    drain = _stage(gather, rph) if k > 1 else None
+    both = _stage(scatter + gather, rph)
+    lane = (link_schedule(inter, piece, n_nodes, 1, branching, chunk_bytes)
+            if n_nodes > 1 else [])
+    lanes_side_by_side = [(count_, dict(stage, inter=stage["inter"] * lanes))
+                          for count_, stage in lane]
     sched = [(1, fill)] if fill else []
-    sched.append((nchunks, {"max": [leaders, [(1, both)] if k > 1 else []]}))
+    sched.append((nchunks, {"max": [lanes_side_by_side, [(1, both)] if k > 1 else []]}))
     if drain:
         sched.append((1, drain))
     return sched
+
+
+def parse_algorithm(name):
+    """(base, options) of an algorithm label: ``"hier:tree,lanes=1"`` -> ``("hier", {"inter":
+    "tree", "lanes": 1})``. The part after ':' is hier's ``inter``; ``,key=value`` pairs (integer
+    values) are constructor options as tools/bench_allreduce.py passes them.
+
+    Raises:
+        CaffeError: a pair without '=' or with a non-integer value.
+    """
+    head, *pairs = str(name).split(",")
+    base, _, inter = head.partition(":")
+    options = {"inter": inter} if inter else {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        try:
+            if not eq:
+                raise ValueError
+            options[key.strip()] = int(value)
+        except ValueError:
+            raise CaffeError(f"algorithm '{name}': options are key=integer, got '{pair}'") \
+                from None
+    return base, options
 
 
 def link_schedule(algorithm, nbytes, procs, ranks_per_host=1, branching=2,
@@ -309,9 +340,10 @@ def link_schedule(algorithm, nbytes, procs, ranks_per_host=1, branching=2,
       every level streams at once (a parent's link in carries its k children's chunks; up and
       down never stream at the same time in this schedule). Flat binary tree, n <= 4 MiB:
       ``2 (alpha + n beta)`` at P = 2, ``2 (alpha + n beta) + 2 (alpha + 2 n beta)`` at P = 4.
-    * ``hier`` (``hier:ring``, ``hier:tree``): hier.py with the hosts as nodes, see
-      :func:`_hier_schedule`; an item may then be ``(count, {"max": [schedule, schedule]})``,
-      the slower of two schedules that run side by side.
+    * ``hier`` (``hier:ring``, ``hier:tree``; ``hier,lanes=1`` for the single leader per
+      node): hier.py with the hosts as nodes, see :func:`_hier_schedule`; an item may then be
+      ``(count, {"max": [schedule, schedule]})``, the slower of two schedules that run side by
+      side.
     """
     p = int(procs)
     rph = max(1, int(ranks_per_host))
@@ -328,11 +360,13 @@ def link_schedule(algorithm, nbytes, procs, ranks_per_host=1, branching=2,
         return _mpi_schedule(nbytes, p, rph)
     if algorithm == "tree":
         return _tree_schedule(nbytes, p, rph, branching, chunk_bytes, lag)
-    if algorithm == "hier" or algorithm.startswith("hier:"):
-        inter = algorithm.partition(":")[2] or "ring"
+    base, options = parse_algorithm(algorithm)
+    if base == "hier":
+        inter = options.get("inter", "ring")
         if inter not in ("ring", "tree"):
             raise CaffeError(f"link model: hier's leaders use ring or tree, not '{inter}'")
-        return _hier_schedule(nbytes, p, rph, inter, chunk_bytes, branching)
+        return _hier_schedule(nbytes, p, rph, inter, chunk_bytes, branching,
+                              options.get("lanes"))
     raise CaffeError(f"link model: unknown algorithm '{algorithm}'; known: "
                      f"{', '.join(LINK_ALGORITHMS + ('hier',))}")
 
@@ -476,7 +510,8 @@ class LinkModel:
         """
         use = [r for r in rows
                if int(r["procs"]) > 1 and int((r.get("netlab") or {}).get("hosts", 0)) == 1
-               and r["bytes"] >= min_bytes and r["algorithm"] in LINK_ALGORITHMS + ("hier",)
+               and r["bytes"] >= min_bytes
+               and parse_algorithm(r["algorithm"])[0] in LINK_ALGORITHMS + ("hier",)
                and (algorithms is None or r["algorithm"] in set(algorithms))]
         if not use:
             raise CaffeError("link model: no one-host rows to fit the intra-node paths on")

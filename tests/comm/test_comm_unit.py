@@ -122,6 +122,8 @@ def test_bad_hier_options_are_one_line_errors():
         get_communicator("hier", chunk_bytes=2)
     with pytest.raises(CaffeError, match="window must be >= 1, got 0"):
         get_communicator("hier:tree", window=0)
+    with pytest.raises(CaffeError, match="lanes must be >= 1, got 0"):
+        get_communicator("hier", lanes=0)
 
 
 def test_a_name_cannot_be_registered_twice():
@@ -194,6 +196,29 @@ def test_node_label_mistakes_are_one_line_errors():
                                "it on every rank or on none")
     with pytest.raises(CaffeError, match=r"rank\(s\) 0, 1, 2, 3, 4, 5, 6, 7 \(and 2 more\)"):
         choose_labels(11, None, [None] * 10 + ["h0"], [0] * 11)
+
+
+@pytest.mark.parametrize("labels, lanes, expected", [
+    ([0, 0, 0, 0, 1, 1, 1, 1], None, 4),        # 2 nodes of 4: every rank owns a slice
+    ([0, 0, 0, 0, 1, 1, 1, 1], 1, 1),           # the paper's single leader per node
+    ([0, 0, 0, 0, 1, 1, 1, 1], 9, 4),           # capped at the node size
+    (["a", "a", "b"], None, 1),                 # uneven: the smallest node decides
+    ([0, 1, 2], None, 1),                       # one rank per node
+    ([0, 0, 0], 2, 2),                          # one node, two slices
+])
+def test_lane_count_is_the_smallest_node_capped_by_the_option(labels, lanes, expected):
+    from caffe_engine.comm.hier import group_nodes, lane_count
+    assert lane_count(group_nodes(labels), lanes) == expected
+
+
+def test_slices_cover_the_chunk_and_lanes_come_from_the_environment():
+    from caffe_engine.comm.hier import lanes_from_env, slice_bounds
+    assert slice_bounds(10, 21, 4) == [(10, 12), (12, 15), (15, 18), (18, 21)]
+    assert slice_bounds(0, 3, 4) == [(0, 0), (0, 1), (1, 2), (2, 3)]     # some slices empty
+    assert lanes_from_env({}) is None and lanes_from_env({"CAFFE_HIER_LANES": "3"}) == 3
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(CaffeError, match=r"^CAFFE_HIER_LANES must be a positive integer"):
+            lanes_from_env({"CAFFE_HIER_LANES": bad})
 
 
 def test_launcher_environment():

@@ -130,10 +130,21 @@ def test_nodes_topology_counts_the_host_links_only_where_ranks_leave_the_host():
     # hier: the leaders' ring of 2 per 4 MiB chunk, the intra-node link free
     assert m.predict("hier", n, 8, 4) == pytest.approx(8 * 2 * (2 * MIB) * 8e-9)
     assert m.predict("hier", n, 8, 4) < m.predict("ring", n, 8, 4) < m.predict("tree", n, 8, 4)
-    # slow intra-node paths: the leader takes in (and sends out) 3 chunks per chunk, first
-    # chunk in, 8 chunks at 3 chunks' time each (more than the leaders' 2 MiB exchanges), last out
+    assert m.predict("hier,lanes=1", n, 8, 4) == pytest.approx(m.predict("hier", n, 8, 4))
+    # slow intra-node paths, the paper's single leader (lanes=1): the leader takes in (and sends
+    # out) 3 chunks per chunk: first chunk in, 8 chunks at 3 chunks' time each (more than the
+    # leaders' 2 MiB exchanges), last out
     slow = cm.LinkModel(alpha=0.0, beta=8e-9, beta_intra=8e-9)
-    assert slow.predict("hier", n, 8, 4) == pytest.approx((3 + 8 * 3 + 3) * 4 * MIB * 8e-9)
+    assert slow.predict("hier,lanes=1", n, 8, 4) == pytest.approx(
+        (3 + 8 * 3 + 3) * 4 * MIB * 8e-9)
+    # four lanes: every rank sends and receives 3 slices of 1 MiB per chunk in the
+    # reduce-scatter and again in the all-gather (6 MiB per chunk on its intra paths, more than
+    # the 4 lanes' 4 x 2 x 0.5 MiB on the host link): 3 + 8 x 6 + 3 MiB
+    assert slow.predict("hier", n, 8, 4) == pytest.approx((3 + 8 * 6 + 3) * MIB * 8e-9)
+    assert slow.predict("hier", n, 8, 4) < slow.predict("hier,lanes=1", n, 8, 4)
+    assert cm.parse_algorithm("hier:tree,lanes=2") == ("hier", {"inter": "tree", "lanes": 2})
+    with pytest.raises(CaffeError, match="options are key=integer"):
+        cm.parse_algorithm("hier,lanes=two")
     # the flat ring's intra steps cost each rank n/8 in and out: as much as its host links
     assert slow.predict("ring", n, 8, 4) == pytest.approx(m.predict("ring", n, 8, 4))
     # one rank per host: hier is its leaders' algorithm chunk by chunk

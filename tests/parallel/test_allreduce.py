@@ -177,11 +177,19 @@ def check_grouping(comm, labels):
     assert comm.leaders == sorted(first.values())
 
 
+@pytest.mark.parametrize("lanes", [None, 1])
 @pytest.mark.parametrize("inter", ["ring", "tree"])
 @pytest.mark.parametrize("layout_name", list(LAYOUTS))
-def test_hier_sums_are_exact_on_any_grouping(world, make, layout_name, inter):
-    comm = make_hier(make, world, layout_name, inter, chunk_bytes=SMALL_CHUNK)
+def test_hier_sums_are_exact_on_any_grouping(world, make, layout_name, inter, lanes):
+    """Every grouping, with a slice per rank of the smallest node (default) and with the
+    paper's single leader per node (lanes=1)."""
+    comm = make_hier(make, world, layout_name, inter, chunk_bytes=SMALL_CHUNK, lanes=lanes)
     check_grouping(comm, layout(layout_name, comm.size))
+    if comm.size > 1:
+        sizes = [layout(layout_name, comm.size).count(label)
+                 for label in set(layout(layout_name, comm.size))]
+        assert comm.lanes == (1 if lanes == 1 else min(sizes))
+        assert comm.owners == comm.members[:comm.lanes]
     for n in SIZES + [5000]:
         buf = integer_data(n, comm.rank)
         comm.allreduce_(buf)
@@ -262,6 +270,24 @@ def test_hier_caffe_node_on_some_ranks_only_is_one_line_error_on_every_rank(worl
     with pytest.raises(CaffeError) as info:
         make("hier")
     assert str(info.value).startswith("CAFFE_NODE is set on rank(s) 0 but not on rank(s) 1")
+
+
+def test_hier_lanes_from_the_environment_and_differing_lanes(world, make, monkeypatch):
+    from caffe_engine.errors import CaffeError
+    size = 1 if world is None else world.Get_size()
+    rank = 0 if world is None else world.Get_rank()
+    monkeypatch.setenv("CAFFE_HIER_LANES", "2")
+    comm = make("hier", nodes=[0] * size)             # one node: reduce-scatter, all-gather
+    if size > 1:
+        assert comm.lanes == 2 and comm.lane == (rank if rank < 2 else None)
+    buf = integer_data(PRIME, comm.rank)
+    comm.allreduce_(buf)
+    numpy.testing.assert_array_equal(buf, expected_sum(PRIME, comm.size))
+    if size == 1:
+        return
+    monkeypatch.setenv("CAFFE_HIER_LANES", str(1 + rank % 2))
+    with pytest.raises(CaffeError, match="lanes differ between ranks"):
+        make("hier", nodes=[0] * size)
 
 
 def test_hier_nodes_differing_between_ranks_is_an_error_on_every_rank(world, make):
