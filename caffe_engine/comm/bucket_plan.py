@@ -220,62 +220,99 @@ def measure_alpha_beta(comm, small=4 << 10, large=4 << 20, reps=5):
 
 def model_alpha_beta(path, algorithm, procs):
     """Per-message and per-byte seconds of ``algorithm`` at ``procs`` ranks from a fitted cost
-    model file (:meth:`.cost_model.AlphaBetaModel.save`; tools/bench_allreduce.py writes it).
+    model file (:meth:`.cost_model.AlphaBetaModel.save`; tools/bench_allreduce.py writes it), or
+    None for an algorithm the model has no formula for (``hier``, ``nccl``: their cost depends
+    on the node layout; the caller measures instead).
 
     Raises:
         CaffeError: unreadable file, or no parameters for the algorithm in it.
     """
-    from .cost_model import AlphaBetaModel
+    from .cost_model import ALGORITHMS, AlphaBetaModel
     model = AlphaBetaModel.load(path)
+    if algorithm not in ALGORITHMS:
+        return None
     alpha = model.predict(algorithm, 0, procs)
     return alpha, (model.predict(algorithm, 1 << 20, procs) - alpha) / (1 << 20)
 
 
 class AutoBuckets:
-    """``--bucket_mb auto``: measure backward, plan with the alpha-beta model, apply, re-plan.
+    """``--bucket_mb auto``: measure backward, plan with the alpha-beta model, try the plan
+    against the buckets in use, keep the faster.
 
     The solver calls :meth:`on_start` at the start of every iteration on every rank (its
     ``on_start`` callback, after the tests, where all ranks are together). Iterations
     ``1 .. measure_iters`` (the first, 0, warms up) time every layer's backward; at the start of
-    the next one rank 0's medians and the
-    communicator's alpha and beta (from ``model_path`` when given — the cost model file — else
-    measured by :func:`measure_alpha_beta`) give the plan (:func:`layer_plan`), which every
-    rank applies (rank 0's, so that all ranks share it) and rank 0 logs once. With a model file,
-    its modification time is checked every ``check_every`` iterations (collective: rank 0's
-    answer) and a changed file is re-read and the buckets re-planned from the same
-    measurements.
+    the next one rank 0's medians and the communicator's alpha and beta (from ``model_path``
+    when given — the cost model file — else measured by :func:`measure_alpha_beta`) give the
+    MG-WFBP plan (:func:`layer_plan`).
+
+    The model's alpha is what a message costs between iterations; inside one, with backward
+    beside it, a message can cost several times more (measured on 2 cores: about 10 ms per
+    extra bucket in training against a 1-3 ms alpha), and overlap may buy nothing where no core
+    is idle. So the plan is *tried*: the next ``2 * trial_iters`` iterations alternate between
+    it and the buckets in use (the ``--bucket_mb`` default's), and their whole-iteration times
+    (rank 0's, start to start) decide. When the plan has more messages than the current buckets
+    and lost, the in-training cost of a message is calibrated from the difference
+    (:func:`calibrated_alpha`), and the plan that alpha gives is tried against the winner in the
+    same way, once. The winner is applied on every rank (rank 0's choice) and logged. With a
+    model file, its modification time is checked every ``check_every`` iterations (collective:
+    rank 0's answer) and a changed file is re-read and the plan tried again from the same
+    backward measurements.
 
     Args:
         net: the training net; sync: its :class:`~.buckets.GradientSync`; comm: the
             communicator; log: a ``logging`` logger (rank 0 logs).
+        model_path: cost model file, or None to measure alpha and beta.
+        measure_iters: iterations whose backward is timed (after iteration 0).
+        trial_iters: iterations each plan runs in a trial (alternating; >= 1).
+        check_every: iterations between checks of the model file.
+
+    Attributes:
+        plan_info: the applied plan's buckets as (first layer, last layer, bytes), or None
+            while nothing has been planned.
+        trials: [(label, buckets, median seconds per iteration)] of the finished trials.
     """
 
     def __init__(self, net, sync, comm, model_path=None, measure_iters=5, check_every=100,
-                 log=None):
+                 log=None, trial_iters=4):
         self.net, self.sync, self.comm, self.log = net, sync, comm, log
         self.model_path, self.measure_iters, self.check_every = model_path, measure_iters, \
             check_every
+        self.trial_iters = max(1, int(trial_iters))
         self.timer = BackwardTimer(net)
         self.samples = []
         self.layer_seconds = None
         self.model_mtime = None
         self.plan_info = None
+        self.trials = []
+        self._trial = None          # the running trial: see _start_trial
+        self._running = None        # (plan label, start time) of the iteration under way
 
+    # -- the iteration boundary (every rank) ---------------------------------------------------
     def on_start(self, iteration):
-        """Between iterations: record the last measured pass, plan when enough are measured
-        (or re-plan when the model file changed), arm the timer for a measured iteration."""
+        """Between iterations: record the last measured pass or trial iteration, plan when
+        enough are measured (or re-plan when the model file changed), run the trial's next
+        iteration, arm the timer for a measured iteration."""
+        now = time.perf_counter()
+        if self._running is not None:
+            label, began = self._running
+            self._trial["times"][label].append(now - began)
+            self._running = None
         if self.timer.armed:
             self.timer.stop()
             self.samples.append(dict(self.timer.seconds))
             if len(self.samples) == self.measure_iters:
                 self.layer_seconds = self._medians()
                 self._plan()
-        elif self.model_path and self.layer_seconds is not None and \
-                iteration % self.check_every == 0 and self._model_changed():
+        elif self._trial is None and self.model_path and self.layer_seconds is not None \
+                and iteration % self.check_every == 0 and self._model_changed():
             self._plan()
+        if self._trial is not None:
+            self._trial_step(now)
         if self.layer_seconds is None and iteration >= 1:
             self.timer.start()
 
+    # -- planning --------------------------------------------------------------------------
     def _medians(self):
         layers = sorted({i for s in self.samples for i in s})
         mine = {i: float(numpy.median([s.get(i, 0.0) for s in self.samples])) for i in layers}
@@ -293,19 +330,93 @@ class AutoBuckets:
         import os
         if self.model_path:
             self.model_mtime = os.stat(self.model_path).st_mtime_ns
-            return model_alpha_beta(self.model_path, self.comm.name, self.comm.size) + \
-                (f"cost model {self.model_path}",)
+            terms = model_alpha_beta(self.model_path, self.comm.name, self.comm.size)
+            if terms is not None:
+                return terms + (f"cost model {self.model_path}",)
+            return measure_alpha_beta(self.comm) + (
+                f"measured: the cost model has no formula for '{self.comm.name}'",)
         return measure_alpha_beta(self.comm) + ("measured",)
+
+    def _layer_plan(self, alpha, beta):
+        return layer_plan(self.sync.ready_layers, [b.count for b in self.net.learnable_params],
+                          self.layer_seconds, len(self.net.layers), alpha, beta)
+
+    def _current(self):
+        """The buckets in use (lists of param indices) and their (first, last, bytes) info."""
+        buckets = [list(b.params) for b in self.sync.buckets]
+        info = []
+        for b in self.sync.buckets:
+            layers = [self.sync.ready_layers[k] for k in b.params]
+            info.append((max(layers), min(layers), 4 * b.count))
+        return buckets, info
 
     def _plan(self):
         alpha, beta, source = self._alpha_beta()
-        blobs = list(self.net.learnable_params)
-        buckets, info = layer_plan(self.sync.ready_layers, [b.count for b in blobs],
-                                   self.layer_seconds, len(self.net.layers), alpha, beta)
-        self.sync.set_plan(buckets)
-        self.plan_info = info
+        buckets, info = self._layer_plan(alpha, beta)
+        current = self._current()
+        self.alpha, self.beta, self.source = alpha, beta, source
         if self.log is not None and self.comm.rank == 0:
             self.log.info("%s", self.describe(info, alpha, beta, source))
+        if _same(buckets, current[0]):
+            self._apply(current, "the plan is the buckets in use")
+            return
+        self._start_trial([("in use", current), ("MG-WFBP", (buckets, info))], calibrate=True)
+
+    # -- trials ------------------------------------------------------------------------------
+    def _start_trial(self, plans, calibrate):
+        """Alternate ``plans`` [(label, (buckets, info))] iteration by iteration, the second
+        first, ``trial_iters`` iterations each."""
+        order = [label for _ in range(self.trial_iters) for label, _ in reversed(plans)]
+        self._trial = {"plans": dict(plans), "labels": [label for label, _ in plans],
+                       "order": order, "times": {label: [] for label, _ in plans},
+                       "calibrate": calibrate}
+
+    def _trial_step(self, now):
+        trial = self._trial
+        if trial["order"]:
+            label = trial["order"].pop(0)
+            buckets = trial["plans"][label][0]
+            if not _same(buckets, [list(b.params) for b in self.sync.buckets]):
+                self.sync.set_plan(buckets)
+            self._running = (label, time.perf_counter())
+            return
+        mine = {label: float(numpy.median(t)) for label, t in trial["times"].items()}
+        medians = self.comm.allgather_object(mine)[0]          # rank 0's, on every rank
+        for label in trial["labels"]:
+            self.trials.append((label, trial["plans"][label][0], medians[label]))
+        size = {label: len(trial["plans"][label][0]) for label in trial["labels"]}
+        best = min(trial["labels"], key=lambda label: (medians[label], size[label]))
+        self._trial = None
+        summary = ", ".join(f"{label} ({size[label]} bucket(s)) "
+                            f"{medians[label] * 1e3:.3g} ms" for label in trial["labels"])
+        if self.log is not None and self.comm.rank == 0:
+            self.log.info("Buckets (--bucket_mb auto): tried, median iteration: %s", summary)
+        if trial["calibrate"]:
+            few, many = sorted(trial["labels"], key=size.get)
+            if best == few and size[many] > size[few]:
+                alpha = calibrated_alpha(self, trial["plans"][few][0], trial["plans"][many][0],
+                                         medians[few], medians[many])
+                buckets, info = self._layer_plan(alpha, self.beta)
+                tried = [trial["plans"][label][0] for label in trial["labels"]]
+                if not any(_same(buckets, t) for t in tried):
+                    if self.log is not None and self.comm.rank == 0:
+                        self.log.info("%s", self.describe(info, alpha, self.beta,
+                                                          "calibrated in training"))
+                    self._start_trial([(best, trial["plans"][best]),
+                                       ("calibrated", (buckets, info))], calibrate=False)
+                    return
+        self._apply(trial["plans"][best], f"kept: {best}")
+
+    def _apply(self, plan, why):
+        buckets, info = plan
+        if not _same(buckets, [list(b.params) for b in self.sync.buckets]):
+            self.sync.set_plan(buckets)
+        self.plan_info = info
+        if self.log is not None and self.comm.rank == 0:
+            names = [layer.name for layer in self.net.layers]
+            parts = ", ".join(f"{_label(names, f, l)} {_human(n)}" for f, l, n in info)
+            self.log.info("Buckets (--bucket_mb auto): %d bucket(s): %s (%s)", len(info), parts,
+                          why)
 
     def describe(self, info, alpha, beta, source):
         """One line: the buckets (layers, bytes) and the predicted end of backward and of the
@@ -317,16 +428,58 @@ class AutoBuckets:
         bucket_groups = optimal_groups(per_layer, nbytes, alpha, beta)
         backward_end, comm_end = simulate(bucket_groups, per_layer, nbytes, alpha, beta)
         fixed = simulate(size_groups(nbytes, 25 << 20), per_layer, nbytes, alpha, beta)[1]
-
-        def label(first, last):
-            a = names[first] if first < len(names) else str(first)
-            b = names[last] if last < len(names) else str(last)
-            return a if first == last else f"{a}..{b}"
-        parts = ", ".join(f"{label(f, l)} {_human(n)}" for f, l, n in info)
+        parts = ", ".join(f"{_label(names, f, l)} {_human(n)}" for f, l, n in info)
         return (f"Buckets (--bucket_mb auto, MG-WFBP): alpha {alpha * 1e3:.3g} ms, beta "
                 f"{beta * 1e9:.3g} ns/byte ({source}); {len(info)} bucket(s): {parts}; predicted "
                 f"backward {backward_end * 1e3:.3g} ms, last message ends {comm_end * 1e3:.3g} ms"
                 f" (one 25 MiB bucket: {fixed * 1e3:.3g} ms)")
+
+
+def calibrated_alpha(planner, few, many, seconds_few, seconds_many):
+    """The per-message cost that makes the model agree with a trial that the plan with more
+    messages lost.
+
+    The model (:func:`simulate`, the planner's alpha and beta and measured backward) predicts
+    the end of the last message for both plans; the measured iterations differ by
+    ``seconds_many - seconds_few``. Whatever the model misses is charged to the extra messages:
+    ``alpha + ((measured difference) - (predicted difference)) / (extra messages)``, never below
+    the planner's alpha.
+
+    Args:
+        planner: the :class:`AutoBuckets` (its net, sync, layer_seconds, alpha, beta).
+        few, many: the two plans (lists of param indices), ``many`` with more buckets.
+        seconds_few, seconds_many: their median iteration seconds.
+
+    Returns:
+        seconds per message.
+    """
+    _, grad_layers, per_layer, nbytes = backward_profile(
+        planner.sync.ready_layers, [b.count for b in planner.net.learnable_params],
+        planner.layer_seconds, len(planner.net.layers))
+    position = {layer: j for j, layer in enumerate(grad_layers)}
+
+    def groups(buckets):
+        out = []
+        for ks in buckets:
+            layers = sorted({position[planner.sync.ready_layers[k]] for k in ks})
+            out.append(layers)
+        return out
+
+    predicted = [simulate(groups(plan), per_layer, nbytes, planner.alpha, planner.beta)[1]
+                 for plan in (few, many)]
+    extra = len(many) - len(few)
+    missed = (seconds_many - seconds_few) - (predicted[1] - predicted[0])
+    return planner.alpha + max(0.0, missed) / max(1, extra)
+
+
+def _same(a, b):
+    return [list(x) for x in a] == [list(x) for x in b]
+
+
+def _label(names, first, last):
+    a = names[first] if first < len(names) else str(first)
+    b = names[last] if last < len(names) else str(last)
+    return a if first == last else f"{a}..{b}"
 
 
 def _human(nbytes):
