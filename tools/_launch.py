@@ -5,6 +5,7 @@ checkout's ``caffe_engine`` is the one imported) and calls the command's entry f
 return value is the exit status. Installed, the same functions are console scripts (setup.cfg).
 """
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -16,3 +17,13 @@ def run(module, function="main", *args):
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     return getattr(importlib.import_module(module), function)(*args)
+
+
+def load_tool(name):
+    """``tools/<name>.py`` as a module (a script beside this one, not part of the package), e.g.
+    ``load_tool("netlab")`` for the benchmarks' emulated network."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -39,7 +39,6 @@ with :class:`caffe_engine.comm.cost_model.LinkModel` fitted on those rows (``--f
 chooses the rows of the fit), and the plot draws its predictions dashed.
 """
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -49,6 +48,9 @@ import tempfile
 import time
 
 import numpy
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _launch  # noqa: E402  (tools/_launch.py: loads netlab.py beside this script)
 
 ALGORITHMS = ["tree", "ring", "ps", "mpi"]
 DEFAULT_SIZES = ["4K", "16K", "64K", "256K", "1M", "4M", "16M", "32M", "64M"]
@@ -213,15 +215,6 @@ def plot(rows, path, predict=None, title=None, fig4_bytes=None):
 # --------------------------------------------------------------------------------------------
 # On an emulated network (tools/netlab.py)
 # --------------------------------------------------------------------------------------------
-def load_netlab():
-    """tools/netlab.py as a module (it is a script beside this one, not part of the package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab.py")
-    spec = importlib.util.spec_from_file_location("netlab", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _cpu_times():
     """(busy, total) jiffies of the whole machine from /proc/stat (None where unreadable)."""
     try:
@@ -246,7 +239,7 @@ def lab_settings(lab, netlab):
 def run_netlab(args, worker_argv):
     """One lab per P; returns (rows, labs): the worker's rows tagged with their lab, and per lab
     its description, measured stream rates, the machine's busy CPU share and the duration."""
-    netlab = load_netlab()
+    netlab = _launch.load_tool("netlab")
     ok, why = netlab.available()
     if not ok:
         raise SystemExit(f"bench_allreduce: --netlab: {why}")

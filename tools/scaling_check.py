@@ -55,7 +55,6 @@ Run from the repository root (the solvers' paths are relative to it). The caller
 mpi4py and the ``mpich`` wheel's ``mpiexec`` for P > 1.
 """
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -68,6 +67,9 @@ import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _launch  # noqa: E402  (tools/_launch.py: loads netlab.py beside this script)
 
 from caffe_engine.backend import cpu_cores  # noqa: E402
 from caffe_engine.comm import cost_model  # noqa: E402
@@ -77,7 +79,7 @@ from caffe_engine.proto import caffe_pb2  # noqa: E402
 
 _LAYER_LINE = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.e+-]+) ms\.")
 _RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
-_PLAN_LINE = re.compile(r"(Buckets \(--bucket_mb auto, MG-WFBP\): .*)")
+_PLAN_LINE = re.compile(r"(Buckets \(--bucket_mb auto(?:, MG-WFBP)?\): .*)")
 #: What --overlap's words set CAFFE_GRAD_OVERLAP to.
 OVERLAP_ENV = {"on": "1", "off": "0"}
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -144,9 +146,10 @@ def run_rate(text, skip_iters=0):
 
 
 def plan_line(text):
-    """The ``Buckets (--bucket_mb auto, MG-WFBP): ...`` line of a log (its last), or None."""
+    """The ``Buckets (--bucket_mb auto...): ...`` lines of a log (the plan, the trials and the
+    buckets kept) joined by `` / ``, or None."""
     found = _PLAN_LINE.findall(text)
-    return found[-1].strip() if found else None
+    return " / ".join(line.strip() for line in found) if found else None
 
 
 def _fmt_bucket(bucket):
@@ -201,15 +204,6 @@ def settings_table(rows):
 
 
 # -- running -------------------------------------------------------------------------------------
-def load_netlab():
-    """tools/netlab.py as a module (a script beside this one, not part of the package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab.py")
-    spec = importlib.util.spec_from_file_location("netlab", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def data_sources(data):
     """(train LMDB, test LMDB) in folder ``data``: ``train_lmdb`` and ``test_lmdb``, or else the
     first entries (sorted) whose names hold ``train`` / ``test`` and end in ``lmdb`` (as
@@ -322,7 +316,7 @@ def netlab_factory(args):
     the runs go); (None, "one machine ...") without ``--netlab``."""
     if not args.netlab:
         return None, "one machine, MPICH shared memory"
-    netlab = load_netlab()
+    netlab = _launch.load_tool("netlab")
     ok, why = netlab.available()
     if not ok:
         sys.exit(f"scaling_check: --netlab: {why}")

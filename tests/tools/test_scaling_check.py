@@ -72,6 +72,13 @@ def test_rates_and_plan_from_a_log():
     assert sc.run_rate(LOG, skip_iters=10) == ([4.0, 3.0, 5.0], 4.0)
     assert sc.run_rate(LOG, skip_iters=25) == ([], None)
     assert sc.plan_line(LOG).startswith("Buckets (--bucket_mb auto, MG-WFBP): alpha 0.3 ms")
+    trial = ("I1201 bucket_plan.py] Buckets (--bucket_mb auto): tried, median iteration: in use "
+             "(1 bucket(s)) 433 ms, MG-WFBP (4 bucket(s)) 471 ms\n"
+             "I1201 bucket_plan.py] Buckets (--bucket_mb auto): 1 bucket(s): conv1..ip2 559 KiB "
+             "(kept: in use)\n")
+    joined = sc.plan_line(LOG + trial).split(" / ")
+    assert len(joined) == 3 and joined[0] == sc.plan_line(LOG)
+    assert joined[2].endswith("(kept: in use)") and sc.plan_line("no plan here") is None
     assert sc.plan_line(LOG).endswith("predicted backward 216 ms")
     assert sc.plan_line("Iteration 5 (1 iter/s") is None
 
