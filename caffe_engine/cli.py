@@ -12,7 +12,8 @@ restart as in a fresh process), SIGINT/SIGHUP act as ``--sigint_effect`` (defaul
 restores the data cursors and random streams (see ``solvers/resume.py``).
 
 Data-parallel training (FireCaffe; not in Caffe's tool, which used ``--gpu 0,1,..`` threads):
-``mpiexec -n P caffe train --solver S`` runs one solver per process; ``--comm`` picks the
+``mpiexec -n P caffe train --solver S`` runs one solver per process, each with the
+data-parallel solver callback (``comm/data_parallel.py``); ``--comm`` picks the
 gradient allreduce (tree, ring, ps, mpi, hier, nccl; default tree), ``--bucket_mb`` the gradient
 bucket size (default 25) and ``--debug_sync`` checks after every update that all ranks hold
 bitwise identical weights. A failure on one rank ends every rank (``comm/distributed.py``).
@@ -333,12 +334,13 @@ def _train(flags, ctx):
     elif flags["weights"]:
         param.ClearField("weights")
         param.weights.append(flags["weights"])
+    callbacks = []
+    if ctx is not None:     # one solver of several: the data-parallel callback (P2PSync's part)
+        from .comm.data_parallel import DataParallel
+        callbacks.append(DataParallel(ctx.comm, bucket_mb=flags["bucket_mb"],
+                                      debug_sync=flags["debug_sync"]))
     with handler:
-        if ctx is None:
-            solver = get_solver(param, source=flags["solver"])
-        else:
-            solver = get_solver(param, comm=ctx.comm, bucket_mb=flags["bucket_mb"],
-                                debug_sync=flags["debug_sync"], source=flags["solver"])
+        solver = get_solver(param, source=flags["solver"], callbacks=callbacks)
         solver.exact_resume = flags["exact_resume"]
         solver.action_request_function = handler.check_for_signals
         if flags["snapshot"]:

@@ -30,6 +30,9 @@ from .proto import caffe_pb2
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
 
+#: The per-layer moments a hook can run at (:meth:`Net.add_hook`; Caffe's Net::Callback points).
+HOOK_EVENTS = ("before_forward", "after_forward", "before_backward", "after_backward")
+
 
 # --------------------------------------------------------------------------------------------
 # NetParameter normalisation: pure functions
@@ -184,6 +187,8 @@ class Net:
             (tops nobody consumes).
         blob_loss_weights, top_names, bottom_names, layer_dict: pycaffe's OrderedDicts (see
             the pycaffe surface section); ``_blob_loss_weights`` is the list by blob index.
+        hooks: the per-layer hooks, ``(event, callback)`` in the order added (one list for
+            the four events; :meth:`add_hook`).
 
     Raises:
         CaffeError: unreadable file, unknown layer type or bottom, bad parameters, weight
@@ -251,12 +256,8 @@ class Net:
         self._param_owner = {}  # ParamSpec name -> (layer index, param index)
         available = collections.OrderedDict()
         self.memory_used = 0
-        #: Callables ``hook(layer_index)`` run after each layer's backward (in backward order):
-        #: the data-parallel gradient buckets launch their allreduce from here.
-        self.backward_hooks = []
-        self.before_backward_hooks = []
-        self.forward_hooks = []
-        self.before_forward_hooks = []
+        self._hooks = []            # (event, callback) in registration order; see add_hook
+        self._hooks_of = dict.fromkeys(HOOK_EVENTS, ())
         self._diff_plan = None      # see share_diff_memory
 
         for layer_id, lp_in in enumerate(param.layer):
@@ -454,8 +455,9 @@ class Net:
         """Run layers ``start``..``end`` (indices, inclusive) forward; return the summed loss (float32)."""
         end = len(self.layers) - 1 if end is None else end
         loss = numpy.float32(0)
+        before, after = self._hooks_of["before_forward"], self._hooks_of["after_forward"]
         for i in range(start, end + 1):
-            for hook in self.before_forward_hooks:
+            for hook in before:
                 hook(i)
             layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
             try:
@@ -463,7 +465,7 @@ class Net:
                 layer.forward(bottom, top)
             except _SETUP_FAILURES as exc:
                 raise _layer_failure(layer, bottom, "forward", exc) from None
-            for hook in self.forward_hooks:
+            for hook in after:
                 hook(i)
             for j, blob in enumerate(top):
                 if layer.loss(j):
@@ -484,8 +486,9 @@ class Net:
             diff_sharing.plan(self)
             self._diff_plan = diff_sharing.signature(self)
         start = len(self.layers) - 1 if start is None else start
+        before, after = self._hooks_of["before_backward"], self._hooks_of["after_backward"]
         for i in range(start, end - 1, -1):
-            for hook in self.before_backward_hooks:
+            for hook in before:
                 hook(i)
             if self.layer_need_backward[i]:
                 try:
@@ -494,21 +497,62 @@ class Net:
                 except _SETUP_FAILURES as exc:
                     raise _layer_failure(self.layers[i], self.bottom_vecs[i], "backward",
                                          exc) from None
-            for hook in self.backward_hooks:
+            for hook in after:
                 hook(i)
 
     def forward_loss(self):
         """Forward the whole net and return the loss as a float32 scalar (Caffe's Net::Forward)."""
         return self.forward_from_to(0, len(self.layers) - 1)
 
+    # -- per-layer hooks (Caffe's Net::Callback) ---------------------------------------------
+    def add_hook(self, event, callback):
+        """Run ``callback(layer_index)`` at ``event`` of every layer from now on.
+
+        Args:
+            event: one of :data:`HOOK_EVENTS`: ``"before_forward"``, ``"after_forward"``
+                (around each layer's forward, in layer order), ``"before_backward"``,
+                ``"after_backward"`` (around each layer's backward, in backward order, whether
+                or not the layer needs one).
+            callback: called with the layer index (int).
+
+        Hooks of one event run in the order they were added. A hook added while a pass runs
+        takes effect from the next pass. Caffe: include/caffe/net.hpp (``Net::Callback``,
+        ``add_before_forward`` ... ``add_after_backward``); the gradient buckets
+        (:mod:`caffe_engine.comm.buckets`) launch their allreduce from ``after_backward``.
+
+        Raises:
+            CaffeError: an unknown event or a callback that is not callable.
+        """
+        if event not in HOOK_EVENTS:
+            raise CaffeError(f"net hook: unknown event {event!r} (known: {', '.join(HOOK_EVENTS)})")
+        if not callable(callback):
+            raise CaffeError(f"net hook: the {event} callback must be callable, got "
+                             f"{type(callback).__name__}")
+        self._hooks.append((event, callback))
+        self._hooks_of = {e: tuple(cb for ev, cb in self._hooks if ev == e) for e in HOOK_EVENTS}
+
+    @property
+    def hooks(self):
+        """The per-layer hooks, ``(event, callback)`` in the order added (a tuple; see
+        :meth:`add_hook`)."""
+        return tuple(self._hooks)
+
+    def add_before_forward(self, callback):
+        """Caffe's ``add_before_forward``: ``add_hook("before_forward", callback)``."""
+        self.add_hook("before_forward", callback)
+
+    def add_after_forward(self, callback):
+        """Caffe's ``add_after_forward``: ``add_hook("after_forward", callback)``."""
+        self.add_hook("after_forward", callback)
+
     def add_before_backward(self, callback):
-        """Run ``callback(layer_index)`` before each layer's backward (Caffe's add_before_backward)."""
-        self.before_backward_hooks.append(callback)
+        """Caffe's ``add_before_backward``: ``add_hook("before_backward", callback)``."""
+        self.add_hook("before_backward", callback)
 
     def add_after_backward(self, callback):
-        """Run ``callback(layer_index)`` after each layer's backward, whether or not that layer
-        needed one (Caffe's add_after_backward); gradient buckets launch their allreduce here."""
-        self.backward_hooks.append(callback)
+        """Caffe's ``add_after_backward``: ``add_hook("after_backward", callback)``; gradient
+        buckets launch their allreduce here."""
+        self.add_hook("after_backward", callback)
 
     def forward_backward(self):
         """One forward and one backward pass; returns the float32 loss."""
@@ -843,21 +887,23 @@ class Net:
 
     def before_forward(self, callback):
         """pycaffe's ``net.before_forward(fn)``: ``fn(layer_index)`` before each layer's forward
-        (Caffe's Net::add_before_forward)."""
-        self.before_forward_hooks.append(callback)
+        (:meth:`add_hook` ``"before_forward"``)."""
+        self.add_hook("before_forward", callback)
 
     def after_forward(self, callback):
         """pycaffe's ``net.after_forward(fn)``: ``fn(layer_index)`` after each layer's forward
-        (Caffe's Net::add_after_forward)."""
-        self.forward_hooks.append(callback)
+        (:meth:`add_hook` ``"after_forward"``)."""
+        self.add_hook("after_forward", callback)
 
     def before_backward(self, callback):
-        """pycaffe's ``net.before_backward(fn)``: ``fn(layer_index)`` before each layer's backward."""
-        self.add_before_backward(callback)
+        """pycaffe's ``net.before_backward(fn)``: ``fn(layer_index)`` before each layer's
+        backward (:meth:`add_hook` ``"before_backward"``)."""
+        self.add_hook("before_backward", callback)
 
     def after_backward(self, callback):
-        """pycaffe's ``net.after_backward(fn)``: ``fn(layer_index)`` after each layer's backward."""
-        self.add_after_backward(callback)
+        """pycaffe's ``net.after_backward(fn)``: ``fn(layer_index)`` after each layer's backward
+        (:meth:`add_hook` ``"after_backward"``)."""
+        self.add_hook("after_backward", callback)
 
     def share_with(self, other):
         """pycaffe's ``net.share_with(other)``: view ``other``'s params by layer name."""
@@ -939,6 +985,26 @@ class Net:
 
     def bottom_names_of(self, layer_name):
         return [self.blob_names[b] for b in self.bottom_ids[self._layer_index_of(layer_name)]]
+
+
+def deal_records(net, rank, count):
+    """Make every layer of ``net`` that can skip records (``solver_count`` / ``solver_rank``
+    attributes: Data, HDF5Data) keep only record i with i % count == rank.
+
+    Caffe: src/caffe/layers/data_layer.cpp (``DataLayer::Skip``, reading
+    ``Caffe::solver_count`` / ``solver_rank``); the layers keep reading everything in the TEST
+    phase. ``net`` needs only ``layer_names`` and ``layers``.
+
+    Returns:
+        list of str: the names of the layers configured, in layer order.
+    """
+    names = []
+    for name, layer in zip(net.layer_names, net.layers):
+        if hasattr(layer, "solver_count") and hasattr(layer, "solver_rank"):
+            layer.solver_count = int(count)
+            layer.solver_rank = int(rank)
+            names.append(name)
+    return names
 
 
 class _LossWeights(collections.OrderedDict):

@@ -3,8 +3,10 @@
 See :mod:`.communicator` for the interface (``allreduce_``, ``allreduce_async_``, ``bcast_``,
 ``barrier``), :mod:`.registry` for selection by name, :mod:`.tree` for FireCaffe's reduction
 tree, :mod:`.hier` for the hierarchical (node-aware) allreduce, :mod:`.buckets` for overlapping
-the gradient allreduce with the backward pass, :mod:`.distributed` for the glue of a
-data-parallel run (ranks, seeds, record dealing, consistency checks, fault handling) and
+the gradient allreduce with the backward pass, :mod:`.data_parallel` for the solver callback
+that makes a solver one rank of a data-parallel run (not imported here: it imports the
+solvers), :mod:`.distributed` for its pieces (ranks, seeds, record dealing, consistency checks,
+fault handling) and
 :mod:`.cost_model` for the alpha-beta model and predicted speedups. Nothing here imports MPI until
 it is asked for.
 

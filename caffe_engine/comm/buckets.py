@@ -5,13 +5,14 @@ learnable params are ordered by the moment backward finishes them — reverse la
 packed into buckets of about ``bucket_mb`` MiB. A param's gradient is final once backward has run
 the *lowest-indexed* layer that uses it (a shared param, ``ParamSpec.name``, is accumulated by
 every layer sharing it), so each bucket has a ``ready_layer``: the bucket may be reduced as soon
-as backward has finished that layer. The solver drives it:
+as backward has finished that layer. :class:`~.data_parallel.DataParallel` (the solver's
+data-parallel callback) drives it:
 
     sync = GradientSync(net, comm, bucket_mb=25)
-    # each iteration, around the last forward/backward of iter_size:
+    # each iteration, around the last forward/backward of iter_size (on_pass):
     sync.begin()                                    # arm the per-layer callback
     net.backward_from_to(...)                       # net calls sync.on_layer_backward_done(i)
-    sync.finish()                                   # launch the rest, wait, write diffs back
+    sync.finish()                                   # on_gradients_ready: the rest, wait, diffs
 
 Each bucket *holds* its own flat float32 buffer (NumPy or CuPy, as the diffs): a ready bucket
 copies its params' diffs in, starts ``comm.allreduce_async_`` on it, and ``finish`` writes the

@@ -151,18 +151,14 @@ def record_indices(num_records, rank, size):
 def deal_records(net, rank, size):
     """Make every layer of ``net`` that can skip records (``solver_count`` / ``solver_rank``
     attributes, e.g. Data) read only record i with i % size == rank (Caffe's ``DataLayer::Skip``;
-    the layer itself keeps reading everything in the TEST phase).
+    the layer itself keeps reading everything in the TEST phase). The solver does this itself
+    whenever its ``solver_count`` exceeds 1 (:func:`caffe_engine.net.deal_records`).
 
     Returns:
         the names of the layers configured.
     """
-    names = []
-    for name, layer in zip(net.layer_names, net.layers):
-        if hasattr(layer, "solver_count") and hasattr(layer, "solver_rank"):
-            layer.solver_count = int(size)
-            layer.solver_rank = int(rank)
-            names.append(name)
-    return names
+    from ..net import deal_records as deal
+    return deal(net, rank, size)
 
 
 # --------------------------------------------------------------------------------------------

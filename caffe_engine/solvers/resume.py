@@ -178,16 +178,17 @@ def capture(solver):
     }
 
 
-def gather(solver):
+def gather(solver, comm=None):
     """The side file's content for a data-parallel solver: every rank's :func:`capture`.
 
-    Collective when ``solver.comm`` spans several ranks (each rank reads its own share of the
-    records and draws from its own ``random_seed + rank`` stream, so each needs its own state):
-    returns, on rank 0, rank 0's capture with the list of all ranks' captures under ``"ranks"``;
-    None on the other ranks. Without a communicator (or with one rank) it is :func:`capture`.
+    Collective when ``comm`` (a communicator: ``rank``, ``size``, ``allgather_object``) spans
+    several ranks (each rank reads its own share of the records and draws from its own
+    ``random_seed + rank`` stream, so each needs its own state): returns, on rank 0, rank 0's
+    capture with the list of all ranks' captures under ``"ranks"``; None on the other ranks.
+    Without a communicator (or with one rank) it is :func:`capture`. The data-parallel solver
+    callback calls it (:meth:`caffe_engine.comm.data_parallel.DataParallel.on_snapshot`).
     """
     content = capture(solver)
-    comm = getattr(solver, "comm", None)
     if comm is None or comm.size == 1:
         return content
     states = comm.allgather_object(content)

@@ -11,15 +11,16 @@ asked after every update and before every test batch, as Caffe's ``GetRequestedA
 (not in Caffe) between the forward/backward passes of an ``iter_size`` > 1 iteration, so that a
 stop is not ignored for the whole of a huge one (see ``_forward_backward_passes``).
 
-Data parallelism (FireCaffe / Caffe's multi-GPU scheme, one process per rank under ``mpiexec``):
-give the solver a communicator of size > 1 (``comm=``). Each rank then seeds with
-``random_seed + rank``, checks that every rank has the same solver parameters, takes rank 0's
-initial weights, reads only the training records i with i % P == rank, and averages the
-gradients over the ranks after the last ``iter_size`` pass, before the update (Caffe's
-``on_gradients_ready``), through :class:`~caffe_engine.comm.buckets.GradientSync` hooked on the
-train net's per-layer after-backward callback. Rank 0 alone logs the display lines, tests and
-snapshots (the others wait at a barrier); its requested actions (signals) are followed by all.
-With one process nothing of this runs. Caffe: src/caffe/parallel.cpp, solver.cpp.
+Callbacks (:class:`SolverCallback`, Caffe's ``Solver::Callback``): objects the loop calls at
+fixed points: Caffe's ``on_start`` and ``on_gradients_ready``, and a few more that a
+data-parallel run needs. The solver knows nothing of communicators: data parallelism is such a
+callback, :class:`caffe_engine.comm.data_parallel.DataParallel` (Caffe's P2PSync / NCCL), given
+to the constructor (``callbacks=``). The solver itself only knows its ``rank`` and
+``solver_count`` (pycaffe's ``set_solver_rank`` / ``set_solver_count``, or what a callback sets,
+as Caffe's process-wide ``Caffe::solver_rank`` / ``solver_count``): with ``solver_count`` > 1
+its train net reads only the records i with i % solver_count == rank (Caffe's
+``DataLayer::Skip``), and only the root solver (rank 0) logs the display lines, tests and
+snapshots (Caffe's ``Caffe::root_solver()``).
 """
 import os
 import time
@@ -30,11 +31,86 @@ from .. import backend, rng
 from ..errors import CaffeError
 from ..io import prototxt as pio
 from ..log import g, logger
-from ..net import Net
+from ..net import Net, deal_records
 from ..proto import caffe_pb2
 from . import resume
 
 f32 = numpy.float32
+
+
+class SolverCallback:
+    """What a solver calls back, and when: Caffe's ``Solver::Callback``, widened.
+
+    Caffe's two (include/caffe/solver.hpp; pycaffe's ``solver.add_callback``), without arguments
+    (the callback holds its solver, as Caffe's P2PSync does):
+
+    - ``on_start()``: at the start of every iteration, after its tests, before its
+      forward/backward passes;
+    - ``on_gradients_ready()``: after the iteration's ``iter_size`` passes (and the display
+      lines), before the update (Caffe's ApplyUpdate).
+
+    Not in Caffe, each optional (a callback defines those it needs; this class defines every one
+    as a no-op, so a subclass overrides what it uses; the no-ops it inherits are never called).
+    They are the points where Caffe's multi-GPU code (src/caffe/parallel.cpp) and solver.cpp's
+    root-only tests and snapshots keep the solvers of a group in step. Every solver of a group
+    calls each one at the same point of its loop, so a callback may run collective operations
+    there:
+
+    - ``on_init(solver)``: in the constructor, once the parameters are checked and the random
+      seed is set, before the nets are built. A data-parallel callback sets ``solver.rank`` and
+      ``solver.solver_count`` here and reseeds (Caffe's Solver::Init seeds with
+      ``random_seed + solver_rank``).
+    - ``on_nets_ready(solver)``: in the constructor, the train and test nets built, their
+      weights loaded and the train net's records dealt, before ``Solver scaffolding done.``.
+    - ``on_pass(solver, k)``: before forward/backward pass ``k`` (0 .. ``iter_size`` - 1) of an
+      iteration.
+    - ``on_update_done(solver, action)``: after every update (``solver.iter`` counts it), with
+      the :class:`SolverAction` asked for from outside; returns the action to follow (callbacks
+      chain: each gets the previous one's answer). A solver with such a callback does not ask
+      for actions between the passes of an iteration: one solver stopping there alone would
+      leave the others waiting.
+    - ``on_test(solver)``: after the tests of an iteration, which the root solver alone runs;
+      may set ``solver.requested_early_exit`` (e.g. to the root's).
+    - ``on_snapshot(solver)``: before the root solver writes a snapshot; returns None or the
+      ``--exact_resume`` side file's content for the root to write (the last one not None wins).
+    - ``on_root_done(solver)``: after a snapshot, and at the end of :meth:`Solver.solve` (after
+      the root's final display and tests): the other solvers may wait for the root here.
+
+    ``on_init`` and ``on_nets_ready`` reach only the callbacks given to the constructor.
+    """
+
+    def on_start(self):
+        """Start of an iteration (Caffe)."""
+
+    def on_gradients_ready(self):
+        """Gradients of the iteration complete, the update not yet applied (Caffe)."""
+
+    def on_init(self, solver):
+        """Constructor: parameters checked, seed set, nets not yet built."""
+
+    def on_nets_ready(self, solver):
+        """Constructor: nets built, weights loaded, records dealt."""
+
+    def on_pass(self, solver, k):
+        """Before forward/backward pass ``k`` of an iteration."""
+
+    def on_update_done(self, solver, action):
+        """After an update: the action to follow (here ``action`` unchanged)."""
+        return action
+
+    def on_test(self, solver):
+        """After an iteration's tests (the root's)."""
+
+    def on_snapshot(self, solver):
+        """Before the root's snapshot: its exact-resume content, or None."""
+
+    def on_root_done(self, solver):
+        """After a snapshot, and at the end of :meth:`Solver.solve`."""
+
+
+#: The points a :class:`SolverCallback` may implement, in the order a run first reaches them.
+CALLBACK_EVENTS = ("on_init", "on_nets_ready", "on_test", "on_start", "on_pass",
+                   "on_gradients_ready", "on_update_done", "on_snapshot", "on_root_done")
 
 
 class SolverAction:
@@ -85,6 +161,10 @@ class Solver:
     Args:
         param: caffe_pb2.SolverParameter, or a solver prototxt path.
         source: the file a SolverParameter was read from, for messages (optional).
+        callbacks: :class:`SolverCallback`-like objects (any object; the solver calls the
+            methods of :data:`CALLBACK_EVENTS` it has), called in this order, before any added
+            later by :meth:`add_callback`. Only these get ``on_init`` and ``on_nets_ready``
+            (e.g. :class:`caffe_engine.comm.data_parallel.DataParallel`).
 
     SolverParameter fields read here (the update rule reads its own): ``net`` / ``net_param`` /
     ``train_net`` / ``train_net_param`` (exactly one), ``test_net`` / ``test_net_param`` and the
@@ -97,6 +177,12 @@ class Solver:
 
     Attributes:
         net: the train Net; test_nets: list of test Nets; iter: updates done so far.
+        rank, solver_count: this solver's place among the solvers training together (pycaffe's
+            ``solver_rank()`` / ``solver_count()`` when made, unless an ``on_init`` callback
+            sets them); ``is_root``: rank 0.
+        dealt_layers: names of the train-net layers that read only this solver's share of the
+            records (``solver_count`` > 1), else [].
+        callbacks: the callbacks, in calling order.
         action_request_function: None or a callable returning a :class:`SolverAction` value.
         exact_resume: when true, each snapshot also writes the ``.resume`` side file
             (see ``resume.py``).
@@ -108,7 +194,7 @@ class Solver:
 
     type = None
 
-    def __init__(self, param, comm=None, bucket_mb=25.0, debug_sync=False, source=None):
+    def __init__(self, param, source=None, callbacks=()):
         #: the solver file (the path given, or ``source=``), else "<SolverParameter>": names
         #: the solver's embedded nets in messages
         self.source = str(source) if source is not None else "<SolverParameter>"
@@ -116,29 +202,15 @@ class Solver:
             self.source = str(param)
             param = pio.read_solver_param(self.source)
         self.param = param
-        self.comm = comm if comm is not None and comm.size > 1 else None
-        # Without a communicator, pycaffe's set_solver_count / set_solver_rank decide (Caffe's
-        # process-wide Caffe::solver_count / solver_rank; 1 and 0 unless a script set them).
-        self.rank = self.comm.rank if self.comm is not None else backend.solver_rank()
-        self.solver_count = self.comm.size if self.comm is not None else backend.solver_count()
+        # pycaffe's set_solver_count / set_solver_rank (Caffe's process-wide
+        # Caffe::solver_count / solver_rank; 1 and 0 unless a script set them); a data-parallel
+        # callback sets its own in on_init.
+        self.rank = backend.solver_rank()
+        self.solver_count = backend.solver_count()
         self.callbacks = []
-        self.debug_sync = bool(debug_sync)
-        self.grad_sync = None
-        logger.info("Initializing solver from parameters: \n%s", param)
-        if param.average_loss < 1:
-            raise CaffeError("solver: average_loss should be non-negative (at least 1).")
-        if param.iter_size < 1:
-            raise CaffeError("solver: iter_size must be at least 1")
-        self._check_snapshot_prefix()
-        if self.is_root:
-            self._remove_stale_snapshot_temporaries()
-        if self.comm is not None:
-            self._check_same_config()
-            if param.random_seed >= 0:
-                from ..comm import distributed
-                rng.set_random_seed(distributed.rank_seed(param.random_seed, self.rank))
-        elif param.random_seed >= 0:
-            rng.set_random_seed(param.random_seed)
+        self._events = dict.fromkeys(CALLBACK_EVENTS, ())
+        for callback in callbacks:
+            self._append_callback(callback)
         self.iter = 0
         self.current_step = 0
         self.lr_state = {"current_step": 0}
@@ -149,28 +221,38 @@ class Solver:
         self.smoothed_loss = f32(0)
         self._loss_start_iter = 0
         self._pending_loss_window = None
+        logger.info("Initializing solver from parameters: \n%s", param)
+        if param.average_loss < 1:
+            raise CaffeError("solver: average_loss should be non-negative (at least 1).")
+        if param.iter_size < 1:
+            raise CaffeError("solver: iter_size must be at least 1")
+        self._check_snapshot_prefix()
+        if param.random_seed >= 0:
+            rng.set_random_seed(param.random_seed)
+        self._notify("on_init", self)
+        if self.is_root:
+            self._remove_stale_snapshot_temporaries()
         self.net = self._init_train_net()
         if os.environ.get("CAFFE_ENGINE_SHARE_DIFFS", "1") != "0":
             # Intermediate gradients share memory (caffe_engine/diff_sharing.py); set
             # CAFFE_ENGINE_SHARE_DIFFS=0 to keep every blob's diff after step() as Caffe does.
             self.net.share_diff_memory()
         self.test_nets = self._init_test_nets()
-        if self.comm is not None:
-            self._init_data_parallel(bucket_mb)
-        elif self.solver_count > 1:
-            # pycaffe's multi-process scripts: this solver reads its share of the records, as
-            # Caffe's DataLayer skips by solver_count / solver_rank; gradients are the script's.
-            from ..comm import distributed
-            distributed.deal_records(self.net, self.rank, self.solver_count)
+        # Several solvers: this one reads its share of the records, as Caffe's DataLayer skips
+        # by solver_count / solver_rank (gradients are averaged by a callback, or the script's).
+        self.dealt_layers = (deal_records(self.net, self.rank, self.solver_count)
+                             if self.solver_count > 1 else [])
+        self._notify("on_nets_ready", self)
         logger.info("Solver scaffolding done.")
         self.init_state()
 
-    # -- pycaffe's hooks ---------------------------------------------------------------------
+    # -- callbacks (Caffe's Solver::Callback; pycaffe's add_callback) ----------------------
     def add_callback(self, on_start, on_gradients_ready=None):
         """Call ``on_start()`` at the start of every iteration (after its tests) and
         ``on_gradients_ready()`` after forward/backward, before the update (pycaffe's
         ``solver.add_callback``; Caffe's Solver::Callback). A single object with both methods
-        (pycaffe's ``caffe.NCCL``) is accepted too.
+        (pycaffe's ``caffe.NCCL``, a :class:`SolverCallback`) is accepted too; its other
+        :data:`CALLBACK_EVENTS` methods, but ``on_init`` and ``on_nets_ready``, are called too.
 
         Raises:
             CaffeError: neither two callables nor an object with both methods.
@@ -185,60 +267,28 @@ class Solver:
             if not (callable(on_start) and callable(on_gradients_ready)):
                 raise CaffeError("add_callback: on_start and on_gradients_ready must be callable")
             callback = _Callback(on_start, on_gradients_ready)
+        self._append_callback(callback)
+
+    def _append_callback(self, callback):
+        """Add ``callback`` and recompute, per event, the tuple of its methods to call."""
         self.callbacks.append(callback)
+        self._events = {event: tuple(getattr(cb, event) for cb in self.callbacks
+                                     if _implements(cb, event))
+                        for event in CALLBACK_EVENTS}
+
+    def _notify(self, event, *args):
+        """Call every callback's ``event`` method with ``args`` (in order)."""
+        for method in self._events[event]:
+            method(*args)
 
     def share_weights(self, net):
         """Make ``net`` use this solver's train-net weights, by layer name (pycaffe's)."""
         net.share_trained_layers_with(self.net)
 
-    # -- data parallelism -------------------------------------------------------------------
     @property
     def is_root(self):
         """Whether this is the root solver (rank 0, or the only one): it logs, tests, snapshots."""
         return self.rank == 0
-
-    def _check_same_config(self):
-        """Every rank must run the same solver (the device id may differ)."""
-        from ..comm import distributed
-        same = caffe_pb2.SolverParameter()
-        same.CopyFrom(self.param)
-        same.ClearField("device_id")
-        distributed.check_same_config(self.comm, solver=same)
-
-    def _init_data_parallel(self, bucket_mb):
-        """Rank 0's weights everywhere, records dealt out, the gradient buckets hooked on."""
-        from ..comm import distributed
-        from ..comm.buckets import GradientSync
-        distributed.check_same_config(self.comm, params=",".join(
-            str(tuple(b.shape)) for b in self.net.learnable_params))
-        distributed.broadcast_params(self.net, self.comm)
-        dealt = distributed.deal_records(self.net, self.rank, self.solver_count)
-        auto = bucket_mb == "auto"
-        self.grad_sync = GradientSync(self.net, self.comm, bucket_mb=25.0 if auto else bucket_mb,
-                                      op="mean")
-        self.net.add_after_backward(self.grad_sync.on_layer_backward_done)
-        if auto:    # MG-WFBP: planned from the first iterations' backward times
-            from ..comm.bucket_plan import AutoBuckets
-            planner = AutoBuckets(self.net, self.grad_sync, self.comm, log=logger,
-                                  model_path=os.environ.get("CAFFE_COST_MODEL") or None)
-            self.add_callback(lambda: planner.on_start(self.iter), lambda: None)
-        logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB%s, "
-                    "records dealt to %s", self.rank, self.solver_count, self.comm.name,
-                    len(self.grad_sync.buckets), g(25.0 if auto else float(bucket_mb)),
-                    " until the auto plan" if auto else "", ", ".join(dealt) or "none")
-        if self.debug_sync:
-            distributed.check_params_in_sync(self.net, self.comm, iteration=0)
-
-    def _root_value(self, value):
-        """Rank 0's ``value`` on every rank (collective); ``value`` itself with one process."""
-        if self.comm is None:
-            return value
-        return self.comm.allgather_object(value)[0]
-
-    def _wait_for_root(self):
-        """Non-root ranks wait here while the root tests or snapshots (collective, no timeout)."""
-        if self.comm is not None:
-            self.comm.barrier(timeout=None)
 
     # -- construction ----------------------------------------------------------------------
     def _check_snapshot_prefix(self):
@@ -396,11 +446,11 @@ class Solver:
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self._snapshot_all_ranks()
         if not self.is_root:  # the root snapshots, displays and tests the final weights
-            self._wait_for_root()
+            self._notify("on_root_done", self)
             logger.info("Optimization Done.")
             return
         if self.requested_early_exit:
-            self._wait_for_root()
+            self._notify("on_root_done", self)
             logger.info("Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
@@ -409,11 +459,13 @@ class Solver:
             logger.info("Iteration %d, loss = %s", self.iter, g(self.smoothed_loss))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
-        self._wait_for_root()
+        self._notify("on_root_done", self)
         logger.info("Optimization Done.")
 
     def step(self, iters):
-        """Run ``iters`` iterations (Caffe's Solver::Step)."""
+        """Run ``iters`` iterations (Caffe's Solver::Step), calling the callbacks' ``on_test``,
+        ``on_start``, ``on_pass``, ``on_gradients_ready``, ``on_update_done``, ``on_snapshot``
+        and ``on_root_done`` on the way (see :class:`SolverCallback`)."""
         p = self.param
         stop_iter = self.iter + iters
         self._start_loss_window()
@@ -425,13 +477,10 @@ class Solver:
                     and (self.iter > 0 or p.test_initialization)):
                 if self.is_root:
                     self.test_all()
-                if self.comm is not None:
-                    self._wait_for_root()
-                    self.requested_early_exit = self._root_value(self.requested_early_exit)
+                self._notify("on_test", self)
                 if self.requested_early_exit:
                     break
-            for callback in self.callbacks:
-                callback.on_start()
+            self._notify("on_start")
             display = p.display and self.iter % p.display == 0
             loss, early = self._forward_backward_passes()
             if early == SolverAction.STOP:
@@ -446,20 +495,16 @@ class Solver:
                             g(per_s), g(lapse), p.display, g(self.smoothed_loss))
                 last_iter, last_time = self.iter, now
                 self._log_outputs(self.net, "Train")
-            for callback in self.callbacks:
-                callback.on_gradients_ready()
+            self._notify("on_gradients_ready")
             self.apply_update()
             self.iter += 1
-            if self.debug_sync and self.comm is not None:
-                from ..comm import distributed
-                distributed.check_params_in_sync(self.net, self.comm, iteration=self.iter)
             request = self.get_requested_action()
-            if self.comm is not None and self.action_request_function is not None:
-                request = self._root_value(request)
+            for on_update_done in self._events["on_update_done"]:
+                request = on_update_done(self, request)
             snapshot_requested = SolverAction.SNAPSHOT in (request, early)
             if (p.snapshot and self.iter % p.snapshot == 0) or snapshot_requested:
                 self._snapshot_all_ranks()
-                self._wait_for_root()
+                self._notify("on_root_done", self)
             if request == SolverAction.STOP:
                 self.requested_early_exit = True
                 break
@@ -467,8 +512,9 @@ class Solver:
     def _forward_backward_passes(self):
         """The iteration's ``iter_size`` forward/backward passes; returns (mean loss, request).
 
-        Not in Caffe, which asks for a requested action only after the update: in one process
-        (without ``exact_resume``) it is also asked for between the passes, so that a stop
+        Not in Caffe, which asks for a requested action only after the update: without an
+        ``on_update_done`` callback (which decides the action every solver of a group follows)
+        and without ``exact_resume`` it is also asked for between the passes, so that a stop
         (SIGINT) ends even an iteration of a huge ``iter_size`` instead of being ignored until it
         is done. A stop there drops the unfinished iteration (no update, ``iter`` unchanged; the
         stop's snapshot holds the last update's weights): returned as (None, STOP). Snapshot
@@ -477,8 +523,8 @@ class Solver:
         records the uninterrupted one reads.
         """
         p = self.param
-        between = (p.iter_size > 1 and self.comm is None and not self.exact_resume
-                   and self.action_request_function is not None)
+        between = (p.iter_size > 1 and not self._events["on_update_done"]
+                   and not self.exact_resume and self.action_request_function is not None)
         loss, snapshot = f32(0), False
         for k in range(p.iter_size):
             if k and between:
@@ -488,11 +534,8 @@ class Solver:
                                 "not applied.", self.iter, k, p.iter_size)
                     return None, request
                 snapshot = snapshot or request == SolverAction.SNAPSHOT
-            if self.grad_sync is not None and k == p.iter_size - 1:
-                self.grad_sync.begin()
+            self._notify("on_pass", self, k)
             loss += self.net.forward_backward()
-        if self.grad_sync is not None:
-            self.grad_sync.finish()
         return f32(loss / f32(p.iter_size)), (SolverAction.SNAPSHOT if snapshot
                                               else SolverAction.NONE)
 
@@ -611,8 +654,8 @@ class Solver:
 
         BINARYPROTO: ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate``; HDF5:
         ``.caffemodel.h5`` and ``.solverstate.h5``. With :attr:`exact_resume` also the solver
-        state's ``.resume`` side file: ``resume_content`` (every rank's, from
-        :func:`resume.gather`) or this process's own.
+        state's ``.resume`` side file: ``resume_content`` (every rank's, from an
+        ``on_snapshot`` callback: :func:`resume.gather`) or this process's own.
         """
         self._remove_stale_snapshot_temporaries()
         fmt = self.param.snapshot_format
@@ -634,13 +677,15 @@ class Solver:
             resume.write(side, resume_content or resume.capture(self))
 
     def _snapshot_all_ranks(self):
-        """The root snapshots; with ``exact_resume`` every rank's state goes into its side file
-        (collective under MPI: every rank calls this at the same point)."""
-        gathered = None
-        if self.exact_resume and self.comm is not None:
-            gathered = resume.gather(self)
+        """The root snapshots, with the side-file content the ``on_snapshot`` callbacks give
+        (every solver of a group calls this at the same point)."""
+        content = None
+        for on_snapshot in self._events["on_snapshot"]:
+            given = on_snapshot(self)
+            if given is not None:
+                content = given
         if self.is_root:
-            self.snapshot(gathered)
+            self.snapshot(content)
 
     def restore(self, state_file, exact_resume=None):
         """Restore iter, lr step, history and (via ``learned_net``) weights from a solver state.
@@ -687,8 +732,15 @@ class Solver:
         self.lr_state["current_step"] = step
 
 
+def _implements(callback, event):
+    """Whether ``callback`` has its own ``event`` method (not :class:`SolverCallback`'s no-op:
+    an inherited ``on_update_done`` must not make the solver think someone decides actions)."""
+    return (callable(getattr(callback, event, None))
+            and getattr(type(callback), event, None) is not getattr(SolverCallback, event))
+
+
 class _Callback:
-    """Two callables as one Solver callback."""
+    """Two callables as one Solver callback (pycaffe's ``add_callback(on_start, on_ready)``)."""
 
     def __init__(self, on_start, on_gradients_ready):
         self.on_start = on_start

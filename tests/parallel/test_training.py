@@ -183,3 +183,36 @@ def test_exact_resume_on_p_ranks_continues_bit_for_bit(world, make, source):
         import json
         with open(state + ".resume") as f:
             assert len(json.load(f)["ranks"]) == size
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_bucket_mb_auto_tries_its_plan_on_every_rank_alike(world, make, source, algorithm,
+                                                           monkeypatch):
+    """--bucket_mb auto under MPI: a cost model file with a free start-up (alpha 0) makes the
+    MG-WFBP plan one bucket per layer (2) against the single 25 MiB bucket in use, so the ranks
+    alternate plans for 8 iterations (6..13) and then keep one; every rank must switch at the
+    same iteration (else the buckets' sizes differ and the sums are wrong or hang), and the
+    weights stay bitwise identical throughout (debug_sync raises on any difference)."""
+    from caffe_engine.comm.cost_model import AlphaBetaModel
+    size = _size(world)
+    if size < 2:
+        pytest.skip("the planner's collectives need at least 2 ranks (mpiexec -n K>=2)")
+    model = source.rsplit("/", 1)[0] + f"/cost_model_{algorithm}.json"
+    if world.Get_rank() == 0:
+        AlphaBetaModel({algorithm: {"alpha": 0.0, "beta": 1e-6}}).save(model)
+    world.Barrier()
+    monkeypatch.setenv("CAFFE_COST_MODEL", model)
+    par = get_solver(solver_param(source, BATCH), comm=make(algorithm), bucket_mb="auto",
+                     debug_sync=True)
+    planner = par.callbacks[0].planner
+    sync = par.callbacks[0].grad_sync
+    buckets_per_iteration = []
+    for _ in range(24):
+        par.step(1)
+        buckets_per_iteration.append(len(sync.buckets))
+    everyone = par.callbacks[0].comm.allgather_object(buckets_per_iteration)
+    assert all(b == everyone[0] for b in everyone), everyone
+    assert [label for label, _, _ in planner.trials][:2] == ["in use", "MG-WFBP"]
+    assert [len(plan) for _, plan, _ in planner.trials][:2] == [1, 2]
+    assert set(buckets_per_iteration[5:13]) == {1, 2}          # the trial alternated
+    assert planner.plan_info is not None and len(set(buckets_per_iteration[-5:])) == 1
