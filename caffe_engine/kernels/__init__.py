@@ -14,6 +14,8 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 * ``im2col(...)`` / ``col2im(...)`` (the Im2col layer's);
 * ``update(rule)`` -> the fused solver step of one learnable param for one of Caffe's six
   update rules (normalise, regularise, the rule, ``data -= diff``);
+* ``param_norms(data, diff)`` -> ``(||data||, ||diff||)`` of one learnable param (float32
+  scalars; LARC's per-param rates, ``caffe_engine/solvers/larc.py``);
 * ``transform(...)`` -> the Data layer's crop, mirror, mean and scale of a uint8 batch.
 
 The sets:

@@ -12,10 +12,13 @@ History layout (what the ``.solverstate`` holds, in this order): one blob per le
 of its shape; AdaDelta and Adam append a second set after the first (AdaDelta: squared
 gradients then squared updates; Adam: first moments then second moments).
 
-SolverParameter fields read: ``base_lr`` and the ``lr_policy`` fields (``lr_policy.py``),
-``momentum`` (0), ``momentum2`` (0.999, Adam), ``delta`` (1e-8), ``rms_decay`` (0.99),
-``weight_decay`` (0), ``regularization_type`` ("L2" or "L1"), ``clip_gradients`` (-1: off),
-``iter_size`` (1), ``display``, ``snapshot_format``.
+SolverParameter fields read: ``base_lr`` and the ``lr_policy`` fields (``lr_policy.py``,
+with NVCaffe's warm-up ``rampup_interval``/``rampup_lr`` and ``min_lr``), ``momentum`` (0),
+``momentum2`` (0.999, Adam), ``delta`` (1e-8), ``rms_decay`` (0.99), ``weight_decay`` (0),
+``regularization_type`` ("L2" or "L1"), ``clip_gradients`` (-1: off), ``iter_size`` (1),
+``display``, ``snapshot_format``, and NVCaffe's LARC fields ``larc`` (false), ``larc_policy``
+("scale"), ``larc_eta`` (0.001), ``larc_turbo`` (false) for SGD and Nesterov (``larc.py``: the
+rate of each param is then set from its weight and gradient norms before the fused step).
 """
 import math
 
@@ -30,7 +33,8 @@ from ..log import g, logger
 from ..proto import caffe_pb2
 from .. import kernels
 from ..kernels.reference.solver import Hyper
-from .lr_policy import learning_rate
+from . import larc
+from .lr_policy import check_warmup, learning_rate
 from .solver import Solver
 
 f32 = numpy.float32
@@ -40,8 +44,9 @@ class SGDSolver(Solver):
     """Stochastic gradient descent with momentum (and the shared update steps of its family).
 
     Raises:
-        CaffeError: as :class:`Solver`, plus an unknown ``regularization_type`` or a
-            hyper-parameter the rule refuses (see the subclasses).
+        CaffeError: as :class:`Solver`, plus an unknown ``regularization_type``, a
+            hyper-parameter the rule refuses (see the subclasses), or bad LARC or warm-up
+            fields (:func:`.larc.check_larc`, :func:`.lr_policy.check_warmup`).
     """
 
     type = "SGD"
@@ -52,10 +57,14 @@ class SGDSolver(Solver):
 
     def init_state(self):
         self.check_param(self.param)
+        larc.check_larc(self.param, self.type)
+        check_warmup(self.param)
         params = self.net.learnable_params
         self.history = [Blob(b.shape) for _ in range(self.history_sets) for b in params]
         self.hyper = Hyper(self.param)
-        self._steps = [kernels.for_array(b.data).update(self.type) for b in params]
+        sets = [kernels.for_array(b.data) for b in params]
+        self._steps = [k.update(self.type) for k in sets]
+        self._norms = [k.param_norms for k in sets]
 
     def get_learning_rate(self):
         rate = learning_rate(self.param, self.iter, self.lr_state)
@@ -93,12 +102,26 @@ class SGDSolver(Solver):
         n = len(params)
         iter_scale = f32(1) / f32(self.param.iter_size) if self.param.iter_size > 1 else f32(1)
         weight_decay = f32(self.param.weight_decay)
+        use_larc = self.param.larc
         for i, blob in enumerate(params):
             history = [self.history[s * n + i].data for s in range(self.history_sets)]
             local_rate = f32(rate) * f32(self.net.params_lr[i])
+            if use_larc and self.net.params_lr[i] > 0:
+                local_rate = self.larc_rate(i, rate, iter_scale)
             decay = weight_decay * f32(self.net.params_weight_decay[i])
             self._steps[i](blob.data, blob.diff, history, local_rate,
                            self.hyper, decay, kind == "L1", iter_scale)
+
+    def larc_rate(self, i, rate, iter_scale):
+        """LARC's rate for learnable param ``i`` this iteration (:func:`.larc.local_rate`):
+        the gradient's norm is taken as the rule will see it, after the ``iter_size``
+        normalisation (``iter_scale``), before weight decay."""
+        blob = self.net.learnable_params[i]
+        w_norm, g_norm = self._norms[i](blob.data, blob.diff)
+        if iter_scale != 1:
+            g_norm = f32(g_norm * iter_scale)
+        return larc.local_rate(rate, w_norm, g_norm, self.hyper.momentum,
+                               self.param.larc_eta, self.param.larc_policy)
 
     # -- solver state -----------------------------------------------------------------------
     def snapshot_state(self, model_filename):

@@ -83,6 +83,11 @@ class CpuKernels(ReferenceKernels):
     def update(self, rule):
         return solver.make_step(rule, self.team)
 
+    def param_norms(self, data, diff):
+        if not (data.flags.c_contiguous and diff.flags.c_contiguous):
+            return super().param_norms(data, diff)
+        return solver.param_norms(data, diff)
+
     @staticmethod
     def transform(batch, out, params, mean, scale):
         transform.transform(batch, out, params, mean, scale)

@@ -7,6 +7,8 @@ its history, and ``data -= update``; ``diff`` keeps the update value. Results eq
 reference kernels' bit for bit (no operation is fused into a multiply-add). Large params are
 split between threads.
 """
+import math
+
 import numba
 import numpy
 from numba import njit
@@ -86,3 +88,25 @@ def make_step(rule, team):
                 f32(iter_scale))
         team.run(step_part, *args, parts=None if d.shape[0] >= PARALLEL_MIN else 1)
     return step
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sumsq_pair(data, diff):
+    """Sums of squares of two flat float32 arrays of one length, in one pass, in float64
+    (reassociation lets the compiler vectorise the two sums)."""
+    sw = 0.0
+    sg = 0.0
+    for i in range(data.shape[0]):
+        w = numpy.float64(data[i])
+        gr = numpy.float64(diff[i])
+        sw += w * w
+        sg += gr * gr
+    return sw, sg
+
+
+def param_norms(data, diff):
+    """The cpu set's ``param_norms``: as :func:`..reference.solver.param_norms` (float64 sums,
+    one float32 rounding), one pass over both arrays, serial (LARC reads each param once per
+    iteration, far less than the step itself)."""
+    sw, sg = _sumsq_pair(data.reshape(-1), diff.reshape(-1))
+    return f32(math.sqrt(sw)), f32(math.sqrt(sg))

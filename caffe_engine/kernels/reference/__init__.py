@@ -66,6 +66,12 @@ class ReferenceKernels:
         return step
 
     @staticmethod
+    def param_norms(data, diff):
+        """``(||data||, ||diff||)`` of one learnable param, float32 (LARC's norms): see
+        :func:`.solver.param_norms`."""
+        return solver.param_norms(data, diff)
+
+    @staticmethod
     def transform(batch, out, params, mean, scale):
         """The Data layer's crop, mirror, mean and scale: see :func:`.transform.transform`."""
         transform.transform(batch, out, params, mean, scale)

@@ -194,6 +194,19 @@ def step(rule, data, diff, history, local_rate, hyper, decay, l1, iter_scale):
     data -= diff
 
 
+def param_norms(data, diff):
+    """The L2 norms ``(||data||, ||diff||)`` of one param, as float32 scalars (LARC's, see
+    :mod:`caffe_engine.solvers.larc`).
+
+    The sums of squares are accumulated in float64 (a float32 running sum over the 400,000
+    weights of LeNet's ip1 would lose digits), then rooted and rounded to float32 once.
+    """
+    xp = get_array_module(data)
+    w = data.ravel().astype(xp.float64)
+    gr = diff.ravel().astype(xp.float64)
+    return f32(math.sqrt(float(xp.dot(w, w)))), f32(math.sqrt(float(xp.dot(gr, gr))))
+
+
 #: solver type -> (update rule, number of history sets)
 RULES = {
     "SGD": (sgd, 1),

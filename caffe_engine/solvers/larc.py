@@ -1,0 +1,86 @@
+"""LARC: a learning rate per learnable blob from the ratio of its weight and gradient norms.
+
+Layer-wise adaptive rate control, NVIDIA Caffe's (NVCaffe's) form of LARS (You, Gitman and
+Ginsburg 2017, "Large Batch Training of Convolutional Networks", arXiv:1708.03888). With
+``larc: true`` each learnable blob whose ``lr_mult`` is > 0 gets, every iteration, the local rate
+
+    local = (1 - momentum) * larc_eta * ||w|| / ||g||        (1 when either norm is 0)
+
+where ``w`` is the blob's weights and ``g`` its gradient after ``clip_gradients`` and the
+``iter_size`` normalisation, before weight decay is added. The rate the update rule then uses
+in place of Caffe's ``lr * lr_mult`` is, by ``larc_policy``:
+
+* ``"scale"`` (NVCaffe's default): ``lr * local``;
+* ``"clip"``: ``min(lr, local)``: the global schedule is a ceiling that LARC may only lower.
+
+``lr`` is the solver's rate (the ``lr_policy`` and warm-up of ``lr_policy.py``). Blobs with
+``lr_mult`` <= 0 keep ``lr * lr_mult`` (frozen blobs stay frozen). Weight decay, momentum and
+the rest of the step are those of the update rule (SGD or Nesterov), unchanged.
+
+How this relates to the formula usually quoted for LARS, ``eta * ||w|| / (||g|| + wd * ||w||)``
+(You et al., Algorithm 1; also NVIDIA apex's LARC): NVCaffe (1) leaves weight decay out of the
+denominator (its GPU path adds the decay inside the update kernel, after the norms), (2)
+multiplies by ``(1 - momentum)``, so that the momentum's geometric sum ``1 / (1 - momentum)``
+does not enlarge the step, and (3) drops ``lr_mult`` for the blobs LARC rates. This engine
+follows NVCaffe, so that an NVCaffe solver file trains as it does there. (NVCaffe's CPU path
+measures ``||g||`` after the decay was added; its GPU path, the one its recipes use, before.)
+NVCaffe applies LARC to SGD only; here Nesterov takes it too. ``larc_turbo`` (NVCaffe's
+correction by the gradient/momentum correlation, state it does not snapshot) is refused.
+
+Arithmetic in float32 as NVCaffe's: ``((1 - momentum) * eta) * ||w|| / ||g||``; the norms are
+square roots of sums of squares accumulated in float64 (the kernel set's ``param_norms``).
+
+NVCaffe: src/caffe/solvers/sgd_solver.cpp (SGDSolver::GetLocalRate, ComputeUpdateValue);
+fields ``larc`` (49), ``larc_policy`` (50), ``larc_eta`` (51), ``larc_turbo`` (55) of its
+SolverParameter.
+"""
+import numpy
+
+from ..errors import CaffeError
+from ..log import g
+
+f32 = numpy.float32
+
+#: larc_policy values.
+POLICIES = ("clip", "scale")
+#: Update rules LARC is applied on top of.
+RULES = ("SGD", "Nesterov")
+
+
+def check_larc(param, solver_type):
+    """Refuse LARC settings that cannot run (nothing is checked while ``larc`` is false).
+
+    Raises:
+        CaffeError: one line naming the field: an unknown ``larc_policy``, ``larc_eta`` not
+            > 0, ``larc_turbo`` true, or a ``type`` other than SGD/Nesterov.
+    """
+    if not param.larc:
+        return
+    if param.larc_policy not in POLICIES:
+        raise CaffeError(f"solver: unknown larc_policy '{param.larc_policy}' "
+                         f"(known: {', '.join(POLICIES)})")
+    if not param.larc_eta > 0:
+        raise CaffeError(f"solver: larc_eta must be > 0 (got {g(f32(param.larc_eta))})")
+    if param.larc_turbo:
+        raise CaffeError("solver: larc_turbo is not supported (NVCaffe's LARC correction); "
+                         "set it to false")
+    if solver_type not in RULES:
+        raise CaffeError(f"solver: larc applies to type {' or '.join(RULES)}, "
+                         f"not '{solver_type}'")
+
+
+def local_rate(rate, w_norm, g_norm, momentum, eta, policy):
+    """The rate one blob's update uses under LARC (float32).
+
+    Args:
+        rate: the solver's rate for this iteration.
+        w_norm, g_norm: ``||w||`` and ``||g||`` of the blob (the gradient as the rule will see
+            it before weight decay).
+        momentum: the solver's momentum; eta: ``larc_eta``; policy: "clip" or "scale".
+    """
+    trust = f32(1)
+    if w_norm > 0 and g_norm > 0:
+        trust = f32(f32(f32(f32(1) - f32(momentum)) * f32(eta)) * f32(w_norm)) / f32(g_norm)
+    if policy == "clip":
+        return min(f32(rate), trust)
+    return f32(f32(rate) * trust)
