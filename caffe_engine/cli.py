@@ -16,7 +16,10 @@ Data-parallel training (FireCaffe; not in Caffe's tool, which used ``--gpu 0,1,.
 data-parallel solver callback (``comm/data_parallel.py``); ``--comm`` picks the
 gradient allreduce (tree, ring, ps, mpi, hier, nccl; default tree), ``--bucket_mb`` the gradient
 bucket size (default 25) and ``--debug_sync`` checks after every update that all ranks hold
-bitwise identical weights. A failure on one rank ends every rank (``comm/distributed.py``).
+bitwise identical weights. ``--comm_compress none|fp16|topk|gtopk``, ``--comm_density`` and
+``--comm_error_feedback`` compress the gradients (``comm/compress.py``; they override the
+solver's engine-only ``comm_param`` block). A failure on one rank ends every rank
+(``comm/distributed.py``).
 Without a launcher, or with one process, training is exactly the one-process run.
 """
 import logging
@@ -74,6 +77,13 @@ commands:
       default: "25"
     -debug_sync (Not in Caffe; under mpiexec, check after every update that all
       ranks hold identical weights.) type: bool default: false
+    -comm_compress (Not in Caffe; under mpiexec, gradient compression: none, fp16,
+      topk or gtopk; overrides the solver's comm_param.) type: string
+      default: none
+    -comm_density (Not in Caffe; topk/gtopk: fraction of each gradient bucket
+      sent, in (0, 1].) type: double default: 0.001
+    -comm_error_feedback (Not in Caffe; topk/gtopk: keep what is not sent in a
+      residual added to the next gradient.) type: bool default: true
 """
 
 FLAGS = {
@@ -92,6 +102,10 @@ FLAGS = {
     "comm": (str, "tree"),
     "bucket_mb": (str, "25"),
     "debug_sync": (bool, False),
+    # Gradient compression (None: not given; the solver's comm_param block or its defaults).
+    "comm_compress": (str, None),
+    "comm_density": (float, None),
+    "comm_error_feedback": (bool, None),
     # glog's flags, which Caffe's gflags parse too (None: not given; GLOG_<flag> and the
     # defaults of caffe_engine.log.init_glog apply).
     "log_dir": (str, None),
@@ -264,6 +278,24 @@ def _bucket_mb(value):
     return size
 
 
+def _check_compression(flags):
+    """``--comm_compress`` / ``--comm_density`` checked before MPI starts.
+
+    Raises:
+        CaffeError: an unknown method, a density outside (0, 1], compression with nccl (one
+            line, as the ``--comm`` check).
+    """
+    from .comm import compress, registry
+    if flags["comm_compress"] is not None:
+        compress.check_method(flags["comm_compress"], "--comm_compress")
+    if flags["comm_density"] is not None:
+        compress.check_density(flags["comm_density"], "--comm_density")
+    if flags["comm_compress"] not in (None, "none") and \
+            registry.canonical(flags["comm"].partition(":")[0]) == "nccl":
+        raise CaffeError("--comm_compress needs an MPI communicator (tree, ring, ps, mpi, "
+                         "hier), not nccl")
+
+
 def train(flags):
     """``caffe train``: build the solver, restore or finetune, and solve (tools/caffe.cpp).
 
@@ -279,6 +311,7 @@ def train(flags):
     except CaffeError as exc:
         raise CaffeError(f"--comm: {exc}") from None
     flags["bucket_mb"] = _bucket_mb(flags["bucket_mb"])
+    _check_compression(flags)
     ctx = distributed.init(flags["comm"])
     if ctx.size == 1:
         return _train(flags, None)
@@ -338,7 +371,10 @@ def _train(flags, ctx):
     if ctx is not None:     # one solver of several: the data-parallel callback (P2PSync's part)
         from .comm.data_parallel import DataParallel
         callbacks.append(DataParallel(ctx.comm, bucket_mb=flags["bucket_mb"],
-                                      debug_sync=flags["debug_sync"]))
+                                      debug_sync=flags["debug_sync"],
+                                      compress=flags["comm_compress"],
+                                      density=flags["comm_density"],
+                                      error_feedback=flags["comm_error_feedback"]))
     with handler:
         solver = get_solver(param, source=flags["solver"], callbacks=callbacks)
         solver.exact_resume = flags["exact_resume"]

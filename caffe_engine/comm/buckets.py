@@ -27,6 +27,13 @@ variable ``CAFFE_GRAD_OVERLAP=0``, read when the object is made) does that on pu
 launches nothing and ``finish()`` reduces every bucket after backward, for measuring what the
 overlap buys (tools/scaling_check.py ``--overlap off``).
 
+Compression (``compress=``, a :class:`~.compress.Compression`; :mod:`.compress`): each bucket
+gets a :class:`~.compress.BucketCompressor` (its own k and residual) and is launched with the
+communicator's ``allreduce_compressed_async_`` instead of ``allreduce_async_``; ``None`` or
+``"none"`` is the dense path above, unchanged. The bytes each compressed bucket sent and
+received are summed per iteration (``traffic``). A new plan (:meth:`GradientSync.set_plan`)
+carries each param's residual over into its new bucket.
+
 Caffe: src/caffe/parallel.cpp (NCCL::run per layer with ``layer_wise_reduce``, then the scale by
 1 / solver_count), include/caffe/net.hpp (``add_after_backward``).
 """
@@ -112,6 +119,7 @@ class Bucket:
         self.buffer = xp.zeros(total, numpy.float32)
         self.ready_layer = ready_layer
         self.handle = None
+        self.compressor = None
 
     def pack(self):
         for blob, off in zip(self.blobs, self.offsets):
@@ -138,19 +146,33 @@ class GradientSync:
             variable ``CAFFE_GRAD_OVERLAP`` decides, read here, once: ``0``, ``off``, ``false``
             or ``no`` turn the overlap off, anything else (or unset) leaves it on. The same
             buckets are reduced in the same order either way, so the results are the same bits.
+        compress: a :class:`~.compress.Compression` (fp16, topk, gtopk), or None / ``"none"``
+            (default): the dense allreduce, exactly as without the option.
 
     Attributes:
         buckets: list of :class:`Bucket` in launch order.
         launched: number of buckets launched in the current iteration.
         overlap: whether buckets are launched during backward.
+        compression: the :class:`~.compress.Compression`, or None (dense).
+        traffic: with compression, (bytes sent, bytes received, messages) of this rank in the
+            last :meth:`finish`; ``traffic_total`` and ``iterations`` add them up.
 
     Raises:
         CaffeError: op not "sum"/"mean"; a plan that is not a launch order of every param once.
     """
 
-    def __init__(self, net, comm, bucket_mb=25.0, op="mean", plan=None, overlap=None):
+    def __init__(self, net, comm, bucket_mb=25.0, op="mean", plan=None, overlap=None,
+                 compress=None):
         if op not in ("sum", "mean"):
             raise CaffeError(f"GradientSync: op must be 'sum' or 'mean', got {op!r}")
+        if isinstance(compress, str):
+            from .compress import Compression
+            compress = Compression(compress)
+        self.compression = None if compress is None or compress.method == "none" else compress
+        self.traffic = (0, 0, 0)
+        self.traffic_total = (0, 0, 0)
+        self.iterations = 0
+        self.buckets = []
         self.net = net
         self.comm = comm
         self.op = op
@@ -176,8 +198,27 @@ class GradientSync:
             raise CaffeError(f"GradientSync: a bucket plan must hold every one of the "
                              f"{len(blobs)} params once, got {plan}")
         xp = backend.get_array_module(blobs[0].diff) if blobs else numpy
+        old = self.buckets
         self.buckets = [Bucket(list(ks), blobs, min(self.ready_layers[k] for k in ks), xp)
                         for ks in plan]
+        if self.compression is not None:
+            self._make_compressors(old)
+
+    def _make_compressors(self, old):
+        """A compressor per bucket; each param's residual carried over from ``old``."""
+        residual = {}
+        for bucket in old:
+            r = bucket.compressor.residual if bucket.compressor is not None else None
+            if r is not None:
+                for k, blob, off in zip(bucket.params, bucket.blobs, bucket.offsets):
+                    residual[k] = r[off:off + blob.count]
+        for bucket in self.buckets:
+            carried = None
+            if any(k in residual for k in bucket.params):
+                carried = numpy.concatenate([
+                    residual[k] if k in residual else numpy.zeros(b.count, numpy.float32)
+                    for k, b in zip(bucket.params, bucket.blobs)])
+            bucket.compressor = self.compression.for_bucket(bucket.count, residual=carried)
 
     @property
     def active(self):
@@ -191,7 +232,11 @@ class GradientSync:
 
     def _launch(self, bucket):
         bucket.pack()
-        bucket.handle = self.comm.allreduce_async_(bucket.buffer, op=self.op)
+        if bucket.compressor is None:
+            bucket.handle = self.comm.allreduce_async_(bucket.buffer, op=self.op)
+        else:
+            bucket.handle = self.comm.allreduce_compressed_async_(bucket.buffer,
+                                                                  bucket.compressor, op=self.op)
         self.launched += 1
 
     def on_layer_backward_done(self, layer_index):
@@ -220,3 +265,9 @@ class GradientSync:
             bucket.unpack()
         self.armed = False
         self.launched = 0
+        if self.compression is not None:
+            c = [b.compressor for b in self.buckets]
+            self.traffic = (sum(x.sent for x in c), sum(x.received for x in c),
+                            sum(x.messages for x in c))
+            self.traffic_total = tuple(a + b for a, b in zip(self.traffic_total, self.traffic))
+            self.iterations += 1

@@ -18,6 +18,12 @@ with bitwise identical buffers (the tree and the parameter server broadcast the 
 ring's all-gather copies each reduced segment from the one rank that reduced it; the
 hierarchical allreduce broadcasts its node leaders' common result within each node).
 
+Compressed gradients (:mod:`.compress`): ``allreduce_compressed_(buf, compressor)`` and
+``allreduce_compressed_async_`` run a :class:`~.compress.BucketCompressor` (fp16, Top-k,
+gTop-k) instead of the algorithm's dense sum, on the same threads and duplicates, so they queue
+behind (and overlap like) the dense operations; only MPI communicators and the local one have
+them (not ``nccl``).
+
 Non-blocking operations run on one background *progress thread* per communicator, over a
 duplicate of the MPI communicator (``Dup``), in the order they were launched. The choice: MPI
 libraries (MPICH included) make progress on a transfer only while some thread is inside an MPI
@@ -287,6 +293,25 @@ def _check_op(op):
         raise CaffeError(f"allreduce: op must be 'sum' or 'mean', got {op!r}")
 
 
+def _run_compressed(comm, MPI, rank, size, buf, compressor, op):
+    """``compressor``'s sum of ``buf`` over ``comm`` (staged through host memory for CuPy),
+    then the mean's ``* float32(1 / size)``; returns ``buf``."""
+    _check_op(op)
+    flat = check_buffer(buf, "compressed allreduce")
+    if flat.size != compressor.count:
+        raise CaffeError(f"compressed allreduce: the buffer has {flat.size} floats, the "
+                         f"compressor was made for {compressor.count}")
+    if flat.size == 0:
+        return buf
+    host = flat.get() if _is_cupy(flat) else flat
+    compressor.allreduce_sum_(comm, MPI, rank, size, host)
+    if op == "mean":
+        host *= numpy.float32(1.0 / size)
+    if host is not flat:
+        flat.set(host)
+    return buf
+
+
 # --------------------------------------------------------------------------------------------
 # Communicators
 # --------------------------------------------------------------------------------------------
@@ -321,6 +346,19 @@ class Communicator:
         launch its asynchronous operations in the same order.
         """
         raise NotImplementedError
+
+    def allreduce_compressed_(self, buf, compressor, op="sum"):
+        """Sum (or average) ``buf`` over all ranks through ``compressor`` (a
+        :class:`~.compress.BucketCompressor`: fp16, Top-k or gTop-k, its residual updated),
+        in place; return ``buf``. Every rank ends with the same bits."""
+        raise CaffeError(f"communicator '{self.name}' has no compressed allreduce "
+                         "(--comm_compress needs tree, ring, ps, mpi or hier)")
+
+    def allreduce_compressed_async_(self, buf, compressor, op="sum"):
+        """:meth:`allreduce_compressed_` started at once, queued behind the operations launched
+        before it; returns a :class:`Handle`."""
+        raise CaffeError(f"communicator '{self.name}' has no compressed allreduce "
+                         "(--comm_compress needs tree, ring, ps, mpi or hier)")
 
     def bcast_(self, buf, root=0):
         """Overwrite ``buf`` on every rank with root's ``buf`` (any dtype, contiguous)."""
@@ -357,6 +395,14 @@ class LocalCommunicator(Communicator):
 
     def allreduce_async_(self, buf, op="sum"):
         self.allreduce_(buf, op)
+        return _CompletedHandle(buf)
+
+    def allreduce_compressed_(self, buf, compressor, op="sum"):
+        # One rank: the compressor still selects (and keeps its residual); nothing is sent.
+        return _run_compressed(None, None, 0, 1, buf, compressor, op)
+
+    def allreduce_compressed_async_(self, buf, compressor, op="sum"):
+        self.allreduce_compressed_(buf, compressor, op)
         return _CompletedHandle(buf)
 
     def bcast_(self, buf, root=0):
@@ -437,6 +483,25 @@ class MPICommunicator(Communicator):
         handle = Handle(buf)
         return self._progress.submit(lambda: self._run_allreduce(self._async_comm, buf, op),
                                      handle)
+
+    def _run_compressed(self, comm, buf, compressor, op):
+        what = (f"compressed allreduce ({compressor.settings.method}) of "
+                f"{compressor.count * 4} bytes")
+        with self._watch(what):
+            return _run_compressed(comm, self.MPI, self.rank, self.size, buf, compressor, op)
+
+    def allreduce_compressed_(self, buf, compressor, op="sum"):
+        _check_op(op)
+        return self._run_compressed(self.comm, buf, compressor, op)
+
+    def allreduce_compressed_async_(self, buf, compressor, op="sum"):
+        _check_op(op)
+        check_buffer(buf)
+        if self._progress is None:
+            self._progress = _ProgressThread(f"caffe-comm-{self.name}")
+        handle = Handle(buf)
+        return self._progress.submit(
+            lambda: self._run_compressed(self._async_comm, buf, compressor, op), handle)
 
     def bcast_(self, buf, root=0):
         if not 0 <= root < self.size:

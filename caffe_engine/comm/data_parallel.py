@@ -18,7 +18,10 @@ P2PSync; solver.cpp, the root-only tests and snapshots):
 - ``on_start``: the planner's turn (it measures, then re-plans between iterations);
 - ``on_pass``: the buckets armed before the last of the ``iter_size`` passes;
 - ``on_gradients_ready``: the buckets finished, the diffs averaged over the ranks
-  (NCCL::on_gradients_ready);
+  (NCCL::on_gradients_ready); with gradient compression (:mod:`.compress`: the solver's
+  engine-only ``comm_param`` block, overridden by ``compress`` / ``density`` /
+  ``error_feedback``), each bucket's compressed sum instead, and every ``display`` iterations
+  an ``Iteration N, gradient traffic`` line with the bytes sent per iteration;
 - ``on_update_done``: ``debug_sync``'s check that all ranks hold the same weights; the root's
   requested action (SIGINT, SIGHUP) followed by every rank;
 - ``on_test``: the others wait while the root tests; its stop request followed by all;
@@ -37,8 +40,10 @@ from ..errors import CaffeError
 from ..log import g, logger
 from ..proto import caffe_pb2
 from ..solvers import resume
+from . import compress as compression
 from . import distributed
 from .buckets import GradientSync
+from .communicator import Communicator
 
 
 def _bucket_size(bucket_mb):
@@ -76,28 +81,42 @@ class DataParallel:
         debug_sync: after every update (and once at start) check that all ranks hold bitwise
             identical weights (:func:`.distributed.check_params_in_sync`); costs one allgather
             of digests per iteration.
+        compress, density, error_feedback: gradient compression (``"none"``, ``"fp16"``,
+            ``"topk"``, ``"gtopk"``; the fraction of each bucket sent; the residual kept or
+            not); None (default) takes the solver's ``comm_param`` block's value, or its
+            default (none, 0.001, true) without a block. See :mod:`.compress`.
 
     Attributes:
         comm, rank, size: the communicator and this process's place in it.
         solver: the solver, from ``on_init`` on.
         grad_sync: the :class:`~.buckets.GradientSync`, from ``on_nets_ready`` on.
         planner: the :class:`~.bucket_plan.AutoBuckets` with ``bucket_mb="auto"``, else None.
+        compression: the :class:`~.compress.Compression` in use (from ``on_init``), or None.
 
     Raises:
         CaffeError: a ``bucket_mb`` that is neither a number nor ``"auto"``; at ``on_init`` /
             ``on_nets_ready``, solver parameters or learnable shapes that differ between ranks
-            (on every rank); ``debug_sync``, weights that differ.
+            (on every rank); ``debug_sync``, weights that differ; a bad compression method or
+            density (one line), or compression on a communicator without it (``nccl``).
     """
 
-    def __init__(self, comm, bucket_mb=25.0, debug_sync=False):
+    def __init__(self, comm, bucket_mb=25.0, debug_sync=False, compress=None, density=None,
+                 error_feedback=None):
         self.comm = comm
         self.rank = comm.rank
         self.size = comm.size
         self.bucket_mb = _bucket_size(bucket_mb)
         self.debug_sync = bool(debug_sync)
+        if compress is not None:
+            compression.check_method(compress, "DataParallel: compress")
+        if density is not None:
+            compression.check_density(density, "DataParallel: density")
+        self._compress_args = (compress, density, error_feedback)
+        self.compression = None
         self.solver = None
         self.grad_sync = None
         self.planner = None
+        self._traffic_mark = ((0, 0, 0), 0)
 
     def __repr__(self):
         return f"<DataParallel rank {self.rank} of {self.size} ({self.comm.name})>"
@@ -113,6 +132,13 @@ class DataParallel:
         distributed.check_same_config(self.comm, solver=same)
         if solver.param.random_seed >= 0:
             rng.set_random_seed(distributed.rank_seed(solver.param.random_seed, self.rank))
+        self.compression = compression.from_param(solver.param, *self._compress_args)
+        if self.compression is not None:
+            method = getattr(type(self.comm), "allreduce_compressed_async_", None)
+            if method is None or method is Communicator.allreduce_compressed_async_:
+                raise CaffeError(f"gradient compression '{self.compression.method}' needs an "
+                                 f"MPI communicator (tree, ring, ps, mpi, hier), not "
+                                 f"'{self.comm.name}'")
 
     def on_nets_ready(self, solver):
         """Rank 0's weights everywhere, the gradient buckets hooked on, the summary line."""
@@ -122,17 +148,18 @@ class DataParallel:
         distributed.broadcast_params(net, self.comm)
         auto = self.bucket_mb == "auto"
         first_mb = 25.0 if auto else self.bucket_mb
-        self.grad_sync = GradientSync(net, self.comm, bucket_mb=first_mb, op="mean")
+        self.grad_sync = GradientSync(net, self.comm, bucket_mb=first_mb, op="mean",
+                                      compress=self.compression)
         net.add_after_backward(self.grad_sync.on_layer_backward_done)
         if auto:    # MG-WFBP: planned from the first iterations' backward times
             from .bucket_plan import AutoBuckets
             self.planner = AutoBuckets(net, self.grad_sync, self.comm, log=logger,
                                        model_path=os.environ.get("CAFFE_COST_MODEL") or None)
         logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB%s, "
-                    "records dealt to %s", self.rank, self.size, self.comm.name,
+                    "records dealt to %s%s", self.rank, self.size, self.comm.name,
                     len(self.grad_sync.buckets), g(first_mb),
                     " until the auto plan" if auto else "",
-                    ", ".join(solver.dealt_layers) or "none")
+                    ", ".join(solver.dealt_layers) or "none", self._compression_text())
         if self.debug_sync:
             distributed.check_params_in_sync(net, self.comm, iteration=0)
 
@@ -152,9 +179,13 @@ class DataParallel:
         self.grad_sync.finish()
 
     def on_update_done(self, solver, action):
-        """``debug_sync``'s check; the root's requested action for every rank."""
+        """``debug_sync``'s check; the root's requested action for every rank; with
+        compression, every ``display`` iterations, the bytes sent per iteration."""
         if self.debug_sync:
             distributed.check_params_in_sync(solver.net, self.comm, iteration=solver.iter)
+        display = solver.param.display
+        if self.compression is not None and display and solver.iter % display == 0:
+            self._log_traffic(solver.iter)
         if solver.action_request_function is not None:
             action = self._root_value(action)
         return action
@@ -174,6 +205,36 @@ class DataParallel:
     def on_root_done(self, solver):
         """The root has snapshot, or finished: wait for it."""
         self._wait_for_root()
+
+    # -- compression ----------------------------------------------------------------------
+    def _compression_text(self):
+        """The ``Data parallel`` line's tail: the compression and what it sends."""
+        if self.compression is None:
+            return ""
+        sync = self.grad_sync
+        n = sum(b.count for b in sync.buckets)
+        if self.compression.sparse:
+            k = sum(b.compressor.k for b in sync.buckets)
+            return (f", gradients compressed: {self.compression.describe()} "
+                    f"(k = {k} of {n} values)")
+        return f", gradients compressed: fp16 ({n} values as float16)"
+
+    def _log_traffic(self, iteration):
+        """Rank 0 logs the bytes sent per iteration since the last such line (collective)."""
+        sync = self.grad_sync
+        (total, iters), mark = (sync.traffic_total, sync.iterations), self._traffic_mark
+        self._traffic_mark = (total, iters)
+        count = iters - mark[1]
+        if count <= 0:
+            return
+        sent = (total[0] - mark[0][0]) / count
+        everyone = self.comm.allgather_object(sent)
+        n = sum(b.count for b in sync.buckets)
+        logger.info("Iteration %d, gradient traffic (%s): %.0f bytes sent per iteration by the "
+                    "busiest rank (this rank %.0f, mean %.0f over %d ranks); a dense ring "
+                    "allreduce sends %.0f", iteration, self.compression.method, max(everyone),
+                    sent, sum(everyone) / len(everyone), len(everyone),
+                    compression.dense_ring_bytes(n, self.size))
 
     # -- collectives ----------------------------------------------------------------------
     def _root_value(self, value):
