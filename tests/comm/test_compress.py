@@ -1,7 +1,7 @@
 """Gradient compression without MPI (caffe_engine/comm/compress.py): selection and its tie-break,
 the sparse merge and its summation order, residual bookkeeping (error feedback on and off),
 fp16's rounding points, the settings and their one-line errors, the solver block and the CLI
-checks. The MPI side is tests/parallel/test_compress.py."""
+checks. The MPI side is tests/parallel/test_compressed_allreduce.py."""
 import numpy
 import pytest
 from google.protobuf import text_format

@@ -4,8 +4,8 @@ within float32 rounding (bitwise for P <= 3); gTop-k at density 1.0 is the tree'
 bit; below density 1.0 every rank holds the same bits, runs repeat bit for bit, the sums match
 the NumPy references, and the bytes counted meet the bounds.
 
-Runs under ``mpiexec -n K python -m pytest tests/parallel/test_compress.py`` (K = 1..4) and
-without a launcher (one rank: the compressed path is not used, GradientSync has no one to talk
+Runs under ``mpiexec -n K python -m pytest tests/parallel/test_compressed_allreduce.py``
+(K = 1..4) and without a launcher (one rank: the compressed path is not used, GradientSync has no one to talk
 to, and the comparisons hold trivially).
 """
 import hashlib
