@@ -51,6 +51,26 @@ as in ``../shared/data/mnist_5k``) and ``DIR/mean.binaryproto`` (the layout of
         --data ../shared/data/synthetic_cifar --procs 4 --bucket_mb 0.001 0.05 0.25 25 auto \
         --repeats 3 --iters 60 --display 5 --skip_iters 10 --out docs/bench/netlab/training
 
+**Gradient compression** (``--compress none fp16 topk gtopk``, ``--density 0.001 0.01``): each
+method is its own run, passed as ``caffe train --comm_compress M`` (and ``--comm_density D``
+for ``topk`` and ``gtopk``, one run per density; ``none`` and ``fp16`` ignore the densities;
+``--no_error_feedback`` adds ``--nocomm_error_feedback``). P = 1 runs uncompressed (nothing is
+sent). The settings table then has the columns compress, density and bytes/iter: the busiest
+rank's bytes sent per iteration from the log's ``gradient traffic (...)`` lines (the median of
+those logged at iterations > ``--skip_iters``; dense runs log none: "-"). Without
+``--compress`` no flag is passed and the table is as before. ``--link_model JSON`` (a
+:class:`caffe_engine.comm.cost_model.LinkModel`, e.g. docs/bench/netlab/1gbit/links_model.json)
+adds a predicted column per setting: the P = 1 median's time per iteration, times P / cores when
+the P ranks share fewer cores (each rank one BLAS thread), plus, for topk/gtopk, the measured
+CPU time of the selection (``topk_indices`` on each bucket, same scaling), plus the sum's time
+after backward (:func:`caffe_engine.comm.cost_model.compressed_allreduce_time` per bucket of the
+``--bucket_mb`` plan, no overlap).
+
+    python tools/scaling_check.py --netlab --bandwidth 100mbit \
+        --solver models/mlp_wide/mlp_wide_solver.prototxt --data ../shared/data/mnist_5k \
+        --procs 1 8 --compress none gtopk --density 0.001 --iters 14 --display 2 \
+        --skip_iters 4 --repeats 3 --link_model docs/bench/netlab/100mbit/links_model.json
+
 Run from the repository root (the solvers' paths are relative to it). The caller needs
 mpi4py and the ``mpich`` wheel's ``mpiexec`` for P > 1.
 """
@@ -80,6 +100,10 @@ from caffe_engine.proto import caffe_pb2  # noqa: E402
 _LAYER_LINE = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.e+-]+) ms\.")
 _RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
 _PLAN_LINE = re.compile(r"(Buckets \(--bucket_mb auto(?:, MG-WFBP)?\): .*)")
+_TRAFFIC_LINE = re.compile(r"Iteration (\d+), gradient traffic \((\w+)\): ([0-9.e+-]+) bytes "
+                           r"sent per iteration by the busiest rank")
+#: --compress's choices (caffe_engine.comm.compress.METHODS).
+COMPRESS_METHODS = ("none", "fp16", "topk", "gtopk")
 #: What --overlap's words set CAFFE_GRAD_OVERLAP to.
 OVERLAP_ENV = {"on": "1", "off": "0"}
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -137,6 +161,29 @@ def settings(procs, buckets, overlaps):
     return out
 
 
+def compress_settings(methods, densities):
+    """The compression settings of one P, in order: (method, density); density None for
+    ``none`` and ``fp16``, one entry per density for ``topk`` and ``gtopk``; [(None, None)]
+    (no flag passed) without methods."""
+    if not methods:
+        return [(None, None)]
+    out = []
+    for m in methods:
+        out += [(m, d) for d in densities] if m in ("topk", "gtopk") else [(m, None)]
+    return out
+
+
+def traffic_bytes(text, skip_iters=0):
+    """(method, median bytes sent per iteration by the busiest rank) from a log's ``gradient
+    traffic`` lines logged at iterations > skip_iters (all of them when none is); (None, None)
+    without such lines."""
+    found = [(int(it), m, float(b)) for it, m, b in _TRAFFIC_LINE.findall(text)]
+    if not found:
+        return None, None
+    late = [f for f in found if f[0] > max(0, skip_iters)] or found
+    return late[-1][1], statistics.median(f[2] for f in late)
+
+
 def run_rate(text, skip_iters=0):
     """(rates, median) of one run's log: the ``iter/s`` figures logged at iterations > skip_iters
     (the one at iteration 0, which covers no iteration, always dropped), and their median;
@@ -166,19 +213,24 @@ def summarize(runs, batch):
     """
     groups = {}
     for r in runs:
-        key = (r["procs"], r["bucket_mb"], r["overlap"])
+        key = (r["procs"], r["bucket_mb"], r["overlap"], r.get("compress"), r.get("density"))
         groups.setdefault(key, []).append(r)
     rows = []
-    for (p, bucket, overlap), rs in groups.items():
+    for (p, bucket, overlap, method, density), rs in groups.items():
         rates = [r["median"] for r in rs if r.get("median")]
         if not rates:
             continue
         med = statistics.median(rates)
-        rows.append({"procs": p, "bucket_mb": bucket, "overlap": overlap, "rates": rates,
-                     "median": med, "low": min(rates), "high": max(rates),
-                     "spread": (max(rates) - min(rates)) / med,
-                     "images_s": p * batch * med,
-                     "plans": [r["plan"] for r in rs if r.get("plan")]})
+        row = {"procs": p, "bucket_mb": bucket, "overlap": overlap, "rates": rates,
+               "median": med, "low": min(rates), "high": max(rates),
+               "spread": (max(rates) - min(rates)) / med,
+               "images_s": p * batch * med,
+               "plans": [r["plan"] for r in rs if r.get("plan")]}
+        if any("compress" in r for r in rs):
+            sent = [r["bytes_iter"] for r in rs if r.get("bytes_iter") is not None]
+            row.update({"compress": method, "density": density,
+                        "bytes_iter": statistics.median(sent) if sent else None})
+        rows.append(row)
     base = next((r["median"] for r in rows if r["procs"] == 1), None)
     for row in rows:
         row["speedup"] = row["procs"] * row["median"] / base if base else None
@@ -186,7 +238,11 @@ def summarize(runs, batch):
 
 
 def settings_table(rows):
-    """Markdown table of :func:`summarize`'s rows, then the auto plans."""
+    """Markdown table of :func:`summarize`'s rows, then the auto plans (with compress, density
+    and bytes/iter columns when a row has them; with predicted ms/iter and measured/predicted
+    when a row has ``predicted_s``)."""
+    if any("compress" in r for r in rows):
+        return _compress_table(rows)
     lines = ["| P | --bucket_mb | overlap | iterations/s, median (runs' min-max) | spread "
              "| images/s | speedup | runs |",
              "|---|---|---|---|---|---|---|---|"]
@@ -201,6 +257,97 @@ def settings_table(rows):
         lines += ["", "Auto plans (one line per run):", ""]
         lines += [f"- P = {r['procs']}, overlap {r['overlap']}: `{plan}`" for r, plan in plans]
     return "\n".join(lines)
+
+
+def _compress_table(rows):
+    pred = any(r.get("predicted_s") for r in rows)
+    lines = ["| P | compress | density | --bucket_mb | overlap | iterations/s, median (runs' "
+             "min-max) | spread | ms/iter | bytes/iter (busiest rank) | images/s | speedup | "
+             "runs |" + (" predicted ms/iter (compute + select + comm) | measured/predicted |"
+                         if pred else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pred else "")]
+    for r in rows:
+        speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}"
+        sent = "-" if r.get("bytes_iter") is None else f"{r['bytes_iter']:.0f}"
+        line = (f"| {r['procs']} | {r.get('compress') or '-'} | "
+                f"{'-' if r.get('density') is None else format(r['density'], 'g')} | "
+                f"{_fmt_bucket(r['bucket_mb'])} | {r['overlap'] or '-'} | "
+                f"{r['median']:.3f} ({r['low']:.3f}-{r['high']:.3f}) | "
+                f"{100 * r['spread']:.0f} % | {1e3 / r['median']:.0f} | {sent} | "
+                f"{r['images_s']:.0f} | {speedup} | {len(r['rates'])} |")
+        if pred:
+            p = r.get("predicted_s")
+            if p:
+                parts = r["predicted_parts"]
+                line += (f" {p * 1e3:.0f} ({parts['compute'] * 1e3:.0f} + "
+                         f"{parts['select'] * 1e3:.0f} + {parts['comm'] * 1e3:.0f}) | "
+                         f"{(1.0 / r['median']) / p:.2f} |")
+            else:
+                line += " | |"
+        lines.append(line)
+    plans = [(r, plan) for r in rows for plan in r["plans"]]
+    if plans:
+        lines += ["", "Auto plans (one line per run):", ""]
+        lines += [f"- P = {r['procs']}, overlap {r['overlap']}: `{plan}`" for r, plan in plans]
+    return "\n".join(lines)
+
+
+def bucket_counts(grads, bucket_mb):
+    """Float counts of the gradient buckets of ``grads`` ({layer: bytes}, in forward order) cut
+    in backward order at ``bucket_mb`` MiB, as GradientSync fills them (a layer larger than the
+    cap is a bucket of its own)."""
+    cap = float(bucket_mb) * (1 << 20)
+    out, cur = [], 0
+    for nbytes in reversed(list(grads.values())):
+        if cur and cur + nbytes > cap:
+            out.append(cur // 4)
+            cur = 0
+        cur += nbytes
+    if cur:
+        out.append(cur // 4)
+    return out
+
+
+def select_seconds(counts, density, reps=5):
+    """Median CPU seconds of the Top-k selection (``compress.topk_indices``) on buckets of
+    ``counts`` floats at ``density``, one thread, summed over the buckets."""
+    import numpy
+    from caffe_engine.comm import compress
+    rng = numpy.random.default_rng(0)
+    total = 0.0
+    for n in counts:
+        values = rng.standard_normal(int(n)).astype(numpy.float32)
+        k = compress.k_for(int(n), density)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            compress.topk_indices(values, k)
+            times.append(time.perf_counter() - t0)
+        total += statistics.median(times)
+    return total
+
+
+def add_predictions(rows, model, counts, cores, select_s):
+    """Add ``predicted_s`` and ``predicted_parts`` ({compute, select, comm} seconds) to the
+    rows with P > 1 and a compress setting, in place: the P = 1 row's time per iteration times
+    max(1, P / cores), ``select_s[density]`` (topk/gtopk) times the same factor, and the sum of
+    :func:`cost_model.compressed_allreduce_time` over the buckets of ``counts`` floats."""
+    base = next((r for r in rows if r["procs"] == 1), None)
+    if base is None:
+        return rows
+    t1 = 1.0 / base["median"]
+    for r in rows:
+        if r["procs"] == 1 or "compress" not in r:
+            continue
+        share = max(1.0, r["procs"] / cores)
+        method = r.get("compress") or "none"
+        sel = select_s.get(r.get("density"), 0.0) if method in ("topk", "gtopk") else 0.0
+        comm = sum(cost_model.compressed_allreduce_time(method, 4 * n, r["procs"], model,
+                                                        r.get("density") or 0.001)
+                   for n in counts)
+        r["predicted_parts"] = {"compute": t1 * share, "select": sel * share, "comm": comm}
+        r["predicted_s"] = t1 * share + sel * share + comm
+    return rows
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -258,9 +405,16 @@ def write_solver(solver, iters, workdir, display=None, data=None):
     return path
 
 
-def train_argv(solver_path, comm, bucket):
+def train_argv(solver_path, comm, bucket, compress=None, density=None, error_feedback=True):
     cmd = caffe_cmd() + ["train", f"--solver={solver_path}", f"--comm={comm}"]
-    return cmd + ([f"--bucket_mb={bucket}"] if bucket is not None else [])
+    cmd += [f"--bucket_mb={bucket}"] if bucket is not None else []
+    if compress is not None:
+        cmd.append(f"--comm_compress={compress}")
+        if density is not None:
+            cmd.append(f"--comm_density={density:g}")
+        if not error_feedback:
+            cmd.append("--nocomm_error_feedback")
+    return cmd
 
 
 def run_env(overlap=None, threads=None, netmod=None, cost_model_path=None):
@@ -279,10 +433,17 @@ def run_env(overlap=None, threads=None, netmod=None, cost_model_path=None):
 
 
 def measure(solver_path, procs, comm, bucket=None, overlap=None, env=None, lab_factory=None,
-            skip_iters=0, timeout=None):
+            skip_iters=0, timeout=None, compress=None, density=None, error_feedback=True,
+            record_compress=False):
     """One training run; returns a dict: rates, median it/s, plan (auto's line), seconds,
-    load average before it. ``lab_factory(P)`` (with P > 1) makes the lab to run in."""
-    argv = train_argv(solver_path, comm, bucket if procs > 1 else None)
+    load average before it (and with ``compress`` or ``record_compress``: compress, density,
+    bytes_iter from the log's traffic lines; P = 1 runs uncompressed). ``lab_factory(P)``
+    (with P > 1) makes the lab to run in."""
+    with_compress = record_compress or compress is not None
+    if procs == 1:
+        compress = density = None
+    argv = train_argv(solver_path, comm, bucket if procs > 1 else None, compress, density,
+                      error_feedback)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     t0 = time.time()
     try:
@@ -306,9 +467,13 @@ def measure(solver_path, procs, comm, bucket=None, overlap=None, env=None, lab_f
     if med is None:
         sys.exit(f"scaling_check: no iteration rates past iteration {skip_iters} in the log of "
                  f"the {procs}-rank run")
-    return {"procs": procs, "bucket_mb": bucket if procs > 1 else None,
-            "overlap": overlap if procs > 1 else None, "rates": rates, "median": med,
-            "plan": plan_line(text), "seconds": round(seconds, 2), "load_before": load}
+    out = {"procs": procs, "bucket_mb": bucket if procs > 1 else None,
+           "overlap": overlap if procs > 1 else None, "rates": rates, "median": med,
+           "plan": plan_line(text), "seconds": round(seconds, 2), "load_before": load}
+    if with_compress:
+        out.update({"compress": compress, "density": density,
+                    "bytes_iter": traffic_bytes(text, skip_iters)[1]})
+    return out
 
 
 def netlab_factory(args):
@@ -369,7 +534,20 @@ def parse_args(argv=None):
     net.add_argument("--bandwidth", default="1gbit", help="host links' rate (tc words)")
     net.add_argument("--netmod", default="ofi", choices=["ofi", "ucx", "default"],
                      help="MPICH's network module (MPIR_CVAR_CH4_NETMOD)")
+    comp = ap.add_argument_group("gradient compression (caffe train --comm_compress ...)")
+    comp.add_argument("--compress", nargs="+", choices=COMPRESS_METHODS, default=None,
+                      help="each method its own run (--comm_compress); default: no flag")
+    comp.add_argument("--density", type=float, nargs="+", default=[0.001],
+                      help="topk/gtopk densities, each its own run (--comm_density)")
+    comp.add_argument("--no_error_feedback", action="store_true",
+                      help="pass --nocomm_error_feedback to the compressed runs")
+    comp.add_argument("--link_model", default=None,
+                      help="LinkModel JSON: add predicted ms/iter per compress setting")
     args = ap.parse_args(argv)
+    if any(not 0 < d <= 1 for d in args.density):
+        ap.error("--density values must be in (0, 1]")
+    if args.link_model and not args.compress:
+        ap.error("--link_model needs --compress")
     if args.repeats < 1 or args.iters < 1 or (args.display is not None and args.display < 1):
         ap.error("--repeats, --iters and --display must be positive")
     display = args.display or max(1, args.iters // 8)
@@ -400,20 +578,28 @@ def _main(args, argv):
         prototxt.read_text(solver_path, copy, "solver")
         net_path = copy.net
         batch = _train_batch(net_path)
+        grads = param_bytes(net_path) if args.link_model else None
         lab_factory, lab_desc = netlab_factory(args)
-        plan = settings(args.procs, args.bucket_mb, args.overlap)
+        plan = [(p, b, o, m, d) for p, b, o in settings(args.procs, args.bucket_mb, args.overlap)
+                for m, d in (compress_settings(args.compress, args.density) if p > 1
+                             else [(None, None)])]
         runs = []
         t_start = time.time()
         for rep in range(args.repeats):
-            for p, bucket, overlap in plan:
+            for p, bucket, overlap, method, density in plan:
                 env = run_env(overlap, args.threads, args.netmod if args.netlab else None,
                               args.auto_cost_model)
                 run = measure(solver_path, p, args.comm, bucket, overlap, env, lab_factory,
-                              args.skip_iters, args.timeout)
+                              args.skip_iters, args.timeout, method, density,
+                              not args.no_error_feedback, record_compress=bool(args.compress))
                 run["repeat"] = rep
                 runs.append(run)
+                what = "" if method is None else (
+                    f", {method}" + ("" if density is None else f" {density:g}") +
+                    ("" if run.get("bytes_iter") is None else
+                     f", {run['bytes_iter']:.0f} bytes/iter"))
                 print(f"[{rep + 1}/{args.repeats}] P = {p}, --bucket_mb {_fmt_bucket(bucket)}, "
-                      f"overlap {overlap or '-'}: {run['median']:.3f} it/s "
+                      f"overlap {overlap or '-'}{what}: {run['median']:.3f} it/s "
                       f"({len(run['rates'])} rates, {run['seconds']:.0f} s, load "
                       f"{run['load_before']:.1f})" + (f"\n    {run['plan']}" if run["plan"]
                                                       else ""), file=sys.stderr, flush=True)
@@ -423,11 +609,20 @@ def _main(args, argv):
         shutil.rmtree(workdir, ignore_errors=True)
 
     rows = summarize(runs, batch)
+    if args.link_model:
+        model = cost_model.LinkModel.load(args.link_model)
+        bucket = args.bucket_mb[0] if args.bucket_mb[0] != "auto" else "25"
+        counts = bucket_counts(grads, bucket)
+        sel = {d: select_seconds(counts, d) for d in args.density}
+        add_predictions(rows, model, counts, cpu_cores(), sel)
     header = (f"{args.solver}: batch {batch} per rank, {args.iters} iterations per run "
               f"(display {args.display or max(1, args.iters // 8)}, rates logged at iterations <= "
               f"{args.skip_iters} dropped), --comm {args.comm}, {lab_desc}, BLAS threads per "
-              f"rank {args.threads or 'engine default'}, {cpu_cores()} cores, {args.repeats} "
-              f"repeat(s) in alternating order; {total_s:.0f} s in all")
+              f"rank {args.threads or 'engine default'}, {cpu_cores()} cores, "
+              + (f"compression {' '.join(args.compress)} (densities "
+                 f"{' '.join(format(d, 'g') for d in args.density)}, error feedback "
+                 f"{'off' if args.no_error_feedback else 'on'}), " if args.compress else "")
+              + f"{args.repeats} repeat(s) in alternating order; {total_s:.0f} s in all")
     print(header)
     print()
     if predictions is not None:

@@ -160,3 +160,100 @@ def test_data_folder_layouts(tmp_path):
                                                     str(tmp_path / "b" / "mnist_test_lmdb"))
     assert sc.data_sources(str(tmp_path / "none")) == (str(tmp_path / "none" / "train_lmdb"),
                                                        str(tmp_path / "none" / "test_lmdb"))
+
+
+# -- gradient compression -------------------------------------------------------------------------
+TRAFFIC = """I1202 solver.py] Iteration 2 (0.5 iter/s, 4s/2 iters), loss = 2.3
+I1202 data_parallel.py] Iteration 2, gradient traffic (gtopk): 140000 bytes sent per iteration \
+by the busiest rank (this rank 140000, mean 105000 over 8 ranks); a dense ring allreduce sends 1
+I1202 solver.py] Iteration 4 (0.8 iter/s, 2.5s/2 iters), loss = 2.2
+I1202 data_parallel.py] Iteration 4, gradient traffic (gtopk): 139800 bytes sent per iteration \
+by the busiest rank (this rank 139800, mean 104850 over 8 ranks); a dense ring allreduce sends 1
+I1202 solver.py] Iteration 6 (0.9 iter/s, 2.2s/2 iters), loss = 2.2
+I1202 data_parallel.py] Iteration 6, gradient traffic (gtopk): 139600 bytes sent per iteration \
+by the busiest rank (this rank 139600, mean 104700 over 8 ranks); a dense ring allreduce sends 1
+"""
+
+
+def test_compress_arguments_and_settings():
+    args = sc.parse_args(["--compress", "none", "fp16", "topk", "gtopk",
+                          "--density", "0.001", "0.01", "--procs", "1", "8"])
+    assert args.compress == ["none", "fp16", "topk", "gtopk"] and args.density == [0.001, 0.01]
+    assert sc.parse_args([]).compress is None and not sc.parse_args([]).no_error_feedback
+    assert sc.compress_settings(args.compress, args.density) == [
+        ("none", None), ("fp16", None), ("topk", 0.001), ("topk", 0.01), ("gtopk", 0.001),
+        ("gtopk", 0.01)]
+    assert sc.compress_settings(None, [0.001]) == [(None, None)]
+
+
+@pytest.mark.parametrize("argv", [["--compress", "zip"], ["--density", "0"],
+                                  ["--density", "1.5"],
+                                  ["--link_model", "m.json"]])      # needs --compress
+def test_bad_compress_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        sc.parse_args(argv)
+    assert info.value.code == 2
+
+
+def test_train_argv_passes_the_compression_flags():
+    argv = sc.train_argv("s", "tree", "25", "gtopk", 0.001)
+    assert argv[-3:] == ["--bucket_mb=25", "--comm_compress=gtopk", "--comm_density=0.001"]
+    assert sc.train_argv("s", "tree", None, "fp16", None)[-1] == "--comm_compress=fp16"
+    assert sc.train_argv("s", "tree", None, "topk", 0.01, False)[-2:] == [
+        "--comm_density=0.01", "--nocomm_error_feedback"]
+    assert sc.train_argv("s", "tree", None) == sc.train_argv("s", "tree", None, None, None)
+    assert not any("comm_compress" in a for a in sc.train_argv("s", "tree", "25"))
+
+
+def test_traffic_bytes_from_a_log():
+    assert sc.traffic_bytes(TRAFFIC) == ("gtopk", 139800.0)          # median of 3
+    assert sc.traffic_bytes(TRAFFIC, skip_iters=4) == ("gtopk", 139600.0)
+    assert sc.traffic_bytes(TRAFFIC, skip_iters=10) == ("gtopk", 139800.0)   # all if none left
+    assert sc.traffic_bytes(LOG) == (None, None)
+    assert sc.run_rate(TRAFFIC, skip_iters=2) == ([0.8, 0.9], pytest.approx(0.85))
+
+
+def crun(p, method, density, median, sent=None):
+    out = run(p, None if p == 1 else "25", None if p == 1 else "on", median)
+    out.update({"compress": method, "density": density, "bytes_iter": sent})
+    return out
+
+
+def test_summary_and_table_with_compression_and_predictions():
+    runs = [crun(1, None, None, 4.0), crun(8, "none", None, 0.1),
+            crun(8, "gtopk", 0.001, 1.0, 139800.0), crun(1, None, None, 4.0),
+            crun(8, "none", None, 0.12), crun(8, "gtopk", 0.001, 0.8, 139600.0)]
+    rows = sc.summarize(runs, batch=4)
+    assert [(r["procs"], r["compress"], r["density"]) for r in rows] == [
+        (1, None, None), (8, "none", None), (8, "gtopk", 0.001)]
+    assert rows[2]["median"] == pytest.approx(0.9) and rows[2]["bytes_iter"] == 139700.0
+    assert rows[1]["bytes_iter"] is None
+    model = sc.cost_model.LinkModel(1e-3, 1e-9)
+    sc.add_predictions(rows, model, [1_000_000], cores=2, select_s={0.001: 0.05})
+    assert "predicted_s" not in rows[0]
+    dense = rows[1]["predicted_parts"]
+    assert dense["compute"] == pytest.approx(0.25 * 4) and dense["select"] == 0.0
+    assert dense["comm"] == pytest.approx(model.predict("tree", 4e6, 8, 1))
+    sparse = rows[2]["predicted_parts"]
+    assert sparse["select"] == pytest.approx(0.2)
+    assert sparse["comm"] == pytest.approx(
+        sc.cost_model.compressed_allreduce_time("gtopk", 4e6, 8, model, 0.001))
+    table = sc.settings_table(rows).splitlines()
+    assert table[0].startswith("| P | compress | density | --bucket_mb | overlap |")
+    assert table[0].endswith("| measured/predicted |")
+    assert table[2].startswith("| 1 | - | - | - | - | 4.000 (4.000-4.000) | 0 % | 250 | - |")
+    assert table[4].startswith("| 8 | gtopk | 0.001 | 25 | on | 0.900 (0.800-1.000) | 22 % | "
+                               "1111 | 139700 | 29 | 1.80 | 2 |")
+    ratio = (1 / 0.9) / rows[2]["predicted_s"]
+    assert table[4].endswith(f" | {ratio:.2f} |")
+    # Without predictions the table stops at runs.
+    plain = sc.settings_table(sc.summarize(runs, batch=4)).splitlines()
+    assert plain[0].endswith("| runs |") and plain[3].endswith("| 0.22 | 2 |")
+
+
+def test_bucket_counts_cut_in_backward_order():
+    grads = {"conv1": 4 * 100, "ip1": 4 * 1000, "ip2": 4 * 50}
+    assert sc.bucket_counts(grads, 25) == [1150]
+    cap = 4 * 1000 / (1 << 20)                      # 1000 floats
+    assert sc.bucket_counts(grads, cap) == [50, 1000, 100]
+    assert sc.bucket_counts(grads, 4 * 1050 / (1 << 20)) == [1050, 100]
