@@ -24,7 +24,10 @@ multiplies by ``(1 - momentum)``, so that the momentum's geometric sum ``1 / (1 
 does not enlarge the step, and (3) drops ``lr_mult`` for the blobs LARC rates. This engine
 follows NVCaffe, so that an NVCaffe solver file trains as it does there. (NVCaffe's CPU path
 measures ``||g||`` after the decay was added; its GPU path, the one its recipes use, before.)
-NVCaffe applies LARC to SGD only; here Nesterov takes it too. ``larc_turbo`` (NVCaffe's
+``larc_trust: "lars"`` (engine-only field) uses You et al.'s ratio instead,
+``larc_eta * ||w|| / (||g|| + wd * ||w||)`` with the blob's weight decay ``wd`` (the solver's
+``weight_decay`` times the blob's ``decay_mult``) and no momentum factor; the policies apply to
+it alike. NVCaffe applies LARC to SGD only; here Nesterov takes it too. ``larc_turbo`` (NVCaffe's
 correction by the gradient/momentum correlation, state it does not snapshot) is refused.
 
 Arithmetic in float32 as NVCaffe's: ``((1 - momentum) * eta) * ||w|| / ||g||``; the norms are
@@ -45,6 +48,8 @@ f32 = numpy.float32
 POLICIES = ("clip", "scale")
 #: Update rules LARC is applied on top of.
 RULES = ("SGD", "Nesterov")
+#: larc_trust values: NVCaffe's ratio and You et al.'s.
+TRUSTS = ("nvcaffe", "lars")
 
 
 def check_larc(param, solver_type):
@@ -59,6 +64,9 @@ def check_larc(param, solver_type):
     if param.larc_policy not in POLICIES:
         raise CaffeError(f"solver: unknown larc_policy '{param.larc_policy}' "
                          f"(known: {', '.join(POLICIES)})")
+    if param.larc_trust not in TRUSTS:
+        raise CaffeError(f"solver: unknown larc_trust '{param.larc_trust}' "
+                         f"(known: {', '.join(TRUSTS)})")
     if not param.larc_eta > 0:
         raise CaffeError(f"solver: larc_eta must be > 0 (got {g(f32(param.larc_eta))})")
     if param.larc_turbo:
@@ -69,7 +77,8 @@ def check_larc(param, solver_type):
                          f"not '{solver_type}'")
 
 
-def local_rate(rate, w_norm, g_norm, momentum, eta, policy):
+def local_rate(rate, w_norm, g_norm, momentum, eta, policy, trust_ratio="nvcaffe",
+               weight_decay=0.0):
     """The rate one blob's update uses under LARC (float32).
 
     Args:
@@ -77,10 +86,16 @@ def local_rate(rate, w_norm, g_norm, momentum, eta, policy):
         w_norm, g_norm: ``||w||`` and ``||g||`` of the blob (the gradient as the rule will see
             it before weight decay).
         momentum: the solver's momentum; eta: ``larc_eta``; policy: "clip" or "scale".
+        trust_ratio: "nvcaffe" or "lars" (``larc_trust``); weight_decay: the blob's, for "lars".
     """
     trust = f32(1)
     if w_norm > 0 and g_norm > 0:
-        trust = f32(f32(f32(f32(1) - f32(momentum)) * f32(eta)) * f32(w_norm)) / f32(g_norm)
+        if trust_ratio == "lars":
+            trust = f32(f32(f32(eta) * f32(w_norm))
+                        / f32(f32(g_norm) + f32(f32(weight_decay) * f32(w_norm))))
+        else:
+            trust = f32(f32(f32(f32(1) - f32(momentum)) * f32(eta)) * f32(w_norm)) / \
+                f32(g_norm)
     if policy == "clip":
         return min(f32(rate), trust)
     return f32(f32(rate) * trust)

@@ -120,8 +120,10 @@ class SGDSolver(Solver):
         w_norm, g_norm = self._norms[i](blob.data, blob.diff)
         if iter_scale != 1:
             g_norm = f32(g_norm * iter_scale)
+        decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
         return larc.local_rate(rate, w_norm, g_norm, self.hyper.momentum,
-                               self.param.larc_eta, self.param.larc_policy)
+                               self.param.larc_eta, self.param.larc_policy,
+                               self.param.larc_trust, decay)
 
     # -- solver state -----------------------------------------------------------------------
     def snapshot_state(self, model_filename):

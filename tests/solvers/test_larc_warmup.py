@@ -102,6 +102,29 @@ def test_one_larc_step_against_the_oracle(kind, policy):
         np.testing.assert_allclose(np.array(b.data), w - step, rtol=2e-5, atol=1e-7)
 
 
+def test_lars_trust_ratio_is_you_et_al_with_the_blob_s_weight_decay():
+    # larc_trust "lars": eta ||w|| / (||g|| + wd ||w||), no momentum factor; the bias has
+    # decay_mult 0 in NET, so its ratio is eta ||w|| / ||g||
+    assert local_rate(f32(1), f32(2), f32(0.5), f32(0.9), f32(0.1), "scale", "lars",
+                      f32(0.25)) == pytest.approx(0.1 * 2 / (0.5 + 0.25 * 2), rel=1e-6)
+    assert local_rate(f32(0.01), f32(2), f32(0.5), f32(0.9), f32(0.1), "clip", "lars",
+                      f32(0.25)) == f32(0.01)
+    text = ('base_lr: 0.8 momentum: 0.9 weight_decay: 0.01 larc: true larc_trust: "lars" '
+            'larc_eta: 0.05 max_iter: 1')
+    solver, probe = make(text), make(text)
+    probe.net.clear_param_diffs()
+    probe.net.forward_backward()
+    grads = [np.array(b.diff, np.float64) for b in probe.net.learnable_params]
+    w0 = [np.array(b.data, np.float64) for b in solver.net.learnable_params]
+    solver.step(1)
+    for b, w, gr, decay_mult in zip(solver.net.learnable_params, w0, grads, (1, 0)):
+        wd = 0.01 * decay_mult
+        wn, gn = np.linalg.norm(w), np.linalg.norm(gr)
+        rate = 0.8 * (0.05 * wn / (gn + wd * wn) if wn > 0 and gn > 0 else 1.0)
+        np.testing.assert_allclose(np.array(b.data), w - rate * (gr + wd * w), rtol=2e-5,
+                                   atol=1e-7)
+
+
 def test_larc_leaves_frozen_params_frozen():
     net = NET.replace("param { lr_mult: 1 }", "param { lr_mult: 0 }")
     solver = make('base_lr: 0.5 momentum: 0.9 larc: true larc_policy: "scale" max_iter: 1', net)
@@ -117,6 +140,7 @@ def test_larc_leaves_frozen_params_frozen():
     ('larc: true larc_eta: 0', "larc_eta must be > 0"),
     ('larc: true larc_policy: "trim"', "unknown larc_policy 'trim'"),
     ('larc: true larc_turbo: true', "larc_turbo"),
+    ('larc: true larc_trust: "adam"', "unknown larc_trust 'adam' \\(known: nvcaffe, lars\\)"),
     ('larc: true type: "Adam"', "larc applies to type SGD or Nesterov, not 'Adam'"),
     ('min_lr: -1', "min_lr must be >= 0"),
     ('rampup_interval: -5', "rampup_interval must be >= 0"),
