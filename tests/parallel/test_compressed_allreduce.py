@@ -11,8 +11,6 @@ to, and the comparisons hold trivially).
 import hashlib
 import logging
 import math
-import shutil
-import tempfile
 
 import numpy
 import pytest
@@ -22,7 +20,6 @@ from caffe_engine.comm import compress, distributed
 from caffe_engine.comm.buckets import GradientSync
 from caffe_engine.comm.compress import Compression
 from caffe_engine.comm.data_parallel import DataParallel
-from caffe_engine.io.lmdb_source import write_lmdb
 from caffe_engine.log import logger
 from caffe_engine.proto import caffe_pb2
 from caffe_engine import rng
@@ -99,31 +96,9 @@ def _size(world):
 
 
 @pytest.fixture
-def source(world):
+def source(tiny_lmdb):
     """A tiny LMDB (60 records of 1x4x4, labels 0..2) written by rank 0 where all ranks see it."""
-    size = _size(world)
-    rank = 0 if world is None else world.Get_rank()
-    folder = tempfile.mkdtemp(prefix="caffe_compress_") if rank == 0 else None
-    if size > 1:
-        folder = world.bcast(folder, root=0)
-    path = f"{folder}/train_lmdb"
-    if rank == 0:
-        r = numpy.random.default_rng(17)
-        items = []
-        for i in range(NUM_RECORDS):
-            label = int(r.integers(0, 3))
-            pixels = numpy.clip(r.normal(60 + 60 * label, 40, (1, 4, 4)), 0, 255)
-            datum = caffe_pb2.Datum(channels=1, height=4, width=4,
-                                    data=pixels.astype(numpy.uint8).tobytes(), label=label)
-            items.append((b"%08d" % i, datum.SerializeToString()))
-        write_lmdb(path, items)
-    if size > 1:
-        world.Barrier()
-    yield path
-    if size > 1:
-        world.Barrier()
-    if rank == 0:
-        shutil.rmtree(folder, ignore_errors=True)
+    return tiny_lmdb(seed=17, num_records=NUM_RECORDS)
 
 
 def solver_param(source, block=""):

@@ -8,8 +8,6 @@ divisible by 1..4 and by every batch used here, so the dealt records line up wit
 rank r of P reads records r, r + P, ..., and the P ranks' batches at one iteration together are
 exactly the big batch of the one-process run).
 """
-import shutil
-import tempfile
 
 import numpy
 import pytest
@@ -17,7 +15,6 @@ from google.protobuf import text_format
 
 from caffe_engine import backend, cli
 from caffe_engine.comm import distributed
-from caffe_engine.io.lmdb_source import write_lmdb
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.solvers import get_solver
 
@@ -52,32 +49,10 @@ def _size(world):
 
 
 @pytest.fixture
-def source(world):
+def source(tiny_lmdb):
     """An LMDB of NUM_RECORDS Datum records (1x4x4 bytes, label 0..2) written by rank 0 in a
     folder every rank sees (the solvers' prototxts must be identical, source path included)."""
-    size = _size(world)
-    rank = 0 if world is None else world.Get_rank()
-    folder = tempfile.mkdtemp(prefix="caffe_parallel_train_") if rank == 0 else None
-    if size > 1:
-        folder = world.bcast(folder, root=0)
-    path = f"{folder}/train_lmdb"
-    if rank == 0:
-        r = numpy.random.default_rng(6)
-        items = []
-        for i in range(NUM_RECORDS):
-            label = int(r.integers(0, 3))
-            pixels = numpy.clip(r.normal(60 + 60 * label, 40, (1, 4, 4)), 0, 255)
-            datum = caffe_pb2.Datum(channels=1, height=4, width=4,
-                                    data=pixels.astype(numpy.uint8).tobytes(), label=label)
-            items.append((b"%08d" % i, datum.SerializeToString()))
-        write_lmdb(path, items)
-    if size > 1:
-        world.Barrier()
-    yield path
-    if size > 1:
-        world.Barrier()
-    if rank == 0:
-        shutil.rmtree(folder, ignore_errors=True)
+    return tiny_lmdb(seed=6, num_records=NUM_RECORDS)
 
 
 def solver_param(source, batch, iter_size=1):
