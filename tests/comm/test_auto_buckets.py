@@ -13,17 +13,8 @@ from caffe_engine.comm import bucket_plan
 from caffe_engine.comm.buckets import GradientSync
 from caffe_engine.net import TRAIN, Net
 from caffe_engine.proto import caffe_pb2
+from tiny_nets import IP_NET
 
-NET = """
-layer { name: "input" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 dim: 3 } } }
-layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "h"
-        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
-layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
-layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "out"
-        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
-layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "label" top: "loss" }
-"""
 MS = 1e-3
 
 
@@ -62,7 +53,7 @@ def run(monkeypatch, iteration_ms, iterations=40):
     # ip1's backward, so the model's plan is one bucket per layer (2) against the 1 in use.
     monkeypatch.setattr(bucket_plan, "measure_alpha_beta", lambda comm: (0.1 * MS, 1e-5))
     rng.set_random_seed(7)
-    net = Net(text_format.Parse(NET, caffe_pb2.NetParameter()), TRAIN)
+    net = Net(text_format.Parse(IP_NET, caffe_pb2.NetParameter()), TRAIN)
     net.blobs["data"].data[...] = numpy.ones((4, 6), numpy.float32)
     sync = GradientSync(net, FakeComm(), bucket_mb=25)
     assert len(sync.buckets) == 1

@@ -14,17 +14,7 @@ from caffe_engine.comm import buckets as buckets_module
 from caffe_engine.comm.buckets import GradientSync, overlap_from_env
 from caffe_engine.net import TRAIN, Net
 from caffe_engine.proto import caffe_pb2
-
-NET = """
-layer { name: "input" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 dim: 3 } } }
-layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "h"
-        inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.5 } } }
-layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
-layer { name: "ip2" type: "InnerProduct" bottom: "h" top: "out"
-        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } } }
-layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "label" top: "loss" }
-"""
+from tiny_nets import IP_NET
 
 
 class FakeComm:
@@ -47,7 +37,7 @@ class FakeComm:
 
 def build():
     rng.set_random_seed(7)
-    net = Net(text_format.Parse(NET, caffe_pb2.NetParameter()), TRAIN)
+    net = Net(text_format.Parse(IP_NET, caffe_pb2.NetParameter()), TRAIN)
     r = numpy.random.default_rng(3)
     net.blobs["data"].data[...] = r.standard_normal((4, 6)).astype(numpy.float32)
     net.blobs["label"].data[...] = r.standard_normal((4, 3)).astype(numpy.float32)

@@ -5,8 +5,8 @@ bit; below density 1.0 every rank holds the same bits, runs repeat bit for bit, 
 the NumPy references, and the bytes counted meet the bounds.
 
 Runs under ``mpiexec -n K python -m pytest tests/parallel/test_compressed_allreduce.py``
-(K = 1..4) and without a launcher (one rank: the compressed path is not used, GradientSync has no one to talk
-to, and the comparisons hold trivially).
+(K = 1..4) and without a launcher (one rank: the compressed path is not used, GradientSync has no
+one to talk to, and the comparisons hold trivially).
 """
 import hashlib
 import logging
@@ -25,25 +25,9 @@ from caffe_engine.proto import caffe_pb2
 from caffe_engine import rng
 from caffe_engine.net import TRAIN, Net
 from caffe_engine.solvers import get_solver
+from tiny_nets import MLP_NET, MLP_SOLVER, SYNC_NET
 
-# The net of test_gradient_sync.py: a shared param, several buckets, rank-dependent data.
-SYNC_NET = """
-name: "sync_net"
-layer { name: "input" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 dim: 3 } } }
-layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "h"
-        param { name: "w_shared" } param { lr_mult: 2 }
-        inner_product_param { num_output: 6 weight_filler { type: "gaussian" std: 0.5 }
-                              bias_filler { type: "constant" value: 0.1 } } }
-layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
-layer { name: "ip_shared" type: "InnerProduct" bottom: "h" top: "h2" param { name: "w_shared" }
-        inner_product_param { num_output: 6 bias_term: false
-                              weight_filler { type: "gaussian" std: 0.5 } } }
-layer { name: "ip3" type: "InnerProduct" bottom: "h2" top: "out"
-        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 }
-                              bias_filler { type: "constant" value: -0.2 } } }
-layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "label" top: "loss" }
-"""
+# SYNC_NET (tests/tiny_nets.py): a shared param, several buckets, rank-dependent data.
 
 
 def setup_rank(comm):
@@ -70,26 +54,6 @@ def digest(arrays):
 NUM_RECORDS = 60
 BATCH = 3
 
-NET = """
-name: "tiny_mlp"
-layer { name: "data" type: "Data" top: "data" top: "label"
-        include { phase: TRAIN }
-        transform_param { scale: 0.00390625 }
-        data_param { source: "%(source)s" batch_size: %(batch)d backend: LMDB } }
-layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
-        inner_product_param { num_output: 10 weight_filler { type: "xavier" }
-                              bias_filler { type: "constant" value: 0.1 } } }
-layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
-layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
-        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
-"""
-
-SOLVER = """
-base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
-max_iter: 1000 display: 0 average_loss: 1 random_seed: 1701 snapshot_after_train: false
-"""
-
 
 def _size(world):
     return 1 if world is None else world.Get_size()
@@ -102,9 +66,9 @@ def source(tiny_lmdb):
 
 
 def solver_param(source, block=""):
-    param = text_format.Parse(SOLVER, caffe_pb2.SolverParameter())
+    param = text_format.Parse(MLP_SOLVER % {"iter_size": 1}, caffe_pb2.SolverParameter())
     text_format.Merge(block, param)
-    text_format.Parse(NET % {"source": source, "batch": BATCH}, param.net_param)
+    text_format.Parse(MLP_NET % {"source": source, "batch": BATCH}, param.net_param)
     return param
 
 

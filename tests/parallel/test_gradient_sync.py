@@ -14,32 +14,15 @@ from caffe_engine.comm.buckets import GradientSync
 from caffe_engine.errors import CaffeError
 from caffe_engine.net import TRAIN, Net
 from caffe_engine.proto import caffe_pb2
+from tiny_nets import SYNC_NET
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 MNIST_TRAIN = SHARED / "data" / "mnist_5k" / "mnist_train_lmdb"
 
-NET = """
-name: "sync_net"
-layer { name: "input" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 dim: 3 } } }
-layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "h"
-        param { name: "w_shared" } param { lr_mult: 2 }
-        inner_product_param { num_output: 6 weight_filler { type: "gaussian" std: 0.5 }
-                              bias_filler { type: "constant" value: 0.1 } } }
-layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
-layer { name: "ip_shared" type: "InnerProduct" bottom: "h" top: "h2" param { name: "w_shared" }
-        inner_product_param { num_output: 6 bias_term: false
-                              weight_filler { type: "gaussian" std: 0.5 } } }
-layer { name: "ip3" type: "InnerProduct" bottom: "h2" top: "out"
-        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 }
-                              bias_filler { type: "constant" value: -0.2 } } }
-layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "label" top: "loss" }
-"""
-
 
 def build_net(seed):
     rng.set_random_seed(seed)
-    return Net(text_format.Parse(NET, caffe_pb2.NetParameter()), TRAIN)
+    return Net(text_format.Parse(SYNC_NET, caffe_pb2.NetParameter()), TRAIN)
 
 
 def feed(net, rank):
@@ -154,7 +137,7 @@ def test_broadcast_and_debug_sync(make):
 
 def test_mismatched_prototxt_is_one_line_error_on_every_rank(make):
     comm = make("ring")
-    param = text_format.Parse(NET, caffe_pb2.NetParameter())
+    param = text_format.Parse(SYNC_NET, caffe_pb2.NetParameter())
     distributed.check_same_config(comm, net=param)
     if comm.rank == comm.size - 1:
         param.layer[1].inner_product_param.num_output = 7

@@ -17,31 +17,11 @@ from caffe_engine import backend, cli
 from caffe_engine.comm import distributed
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.solvers import get_solver
+from tiny_nets import MLP_NET, MLP_SOLVER
 
 
 NUM_RECORDS = 60
 BATCH = 3
-
-NET = """
-name: "tiny_mlp"
-layer { name: "data" type: "Data" top: "data" top: "label"
-        include { phase: TRAIN }
-        transform_param { scale: 0.00390625 }
-        data_param { source: "%(source)s" batch_size: %(batch)d backend: LMDB } }
-layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
-        inner_product_param { num_output: 10 weight_filler { type: "xavier" }
-                              bias_filler { type: "constant" value: 0.1 } } }
-layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
-layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
-        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
-"""
-
-SOLVER = """
-base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
-max_iter: 1000 display: 0 average_loss: 1 random_seed: 1701
-snapshot_after_train: false iter_size: %(iter_size)d
-"""
 
 
 def _size(world):
@@ -56,8 +36,8 @@ def source(tiny_lmdb):
 
 
 def solver_param(source, batch, iter_size=1):
-    param = text_format.Parse(SOLVER % {"iter_size": iter_size}, caffe_pb2.SolverParameter())
-    text_format.Parse(NET % {"source": source, "batch": batch}, param.net_param)
+    param = text_format.Parse(MLP_SOLVER % {"iter_size": iter_size}, caffe_pb2.SolverParameter())
+    text_format.Parse(MLP_NET % {"source": source, "batch": batch}, param.net_param)
     return param
 
 
