@@ -12,6 +12,7 @@ from caffe_engine.io import prototxt as pio
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.kernels.reference import solver as updates
 from caffe_engine.solvers import SOLVERS, SolverAction, get_solver
+from tiny_nets import SOFTMAX_DATA as DATA, SOFTMAX_LABEL as LABEL, SOFTMAX_NET as NET
 
 f32 = np.float32
 
@@ -116,20 +117,9 @@ def test_adam_bias_correction_uses_iter_plus_one():
 
 
 # ------------------------------------------------------------------------------------------------
-# A tiny net: fixed inputs in Input blobs, one InnerProduct, a softmax loss.
+# A tiny net (tests/tiny_nets.py SOFTMAX_NET): fixed inputs in Input blobs, one InnerProduct,
+# a softmax loss.
 # ------------------------------------------------------------------------------------------------
-NET = """
-name: "tiny"
-layer { name: "data" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 } } }
-layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
-        param { lr_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
-        inner_product_param { num_output: 3 weight_filler { type: "uniform" min: -1 max: 1 }
-                              bias_filler { type: "uniform" min: -0.5 max: 0.5 } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-"""
-DATA = np.array([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0], [-0.7, 2.0, 1.5], [2.5, -0.2, 0.0]], f32)
-LABEL = np.array([0, 2, 1, 2], f32)
 
 
 def solver_param(text="", net=NET):
