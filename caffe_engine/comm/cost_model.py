@@ -89,6 +89,12 @@ def _nnls2(a, b):
     return best[1]
 
 
+def _save_json(obj, path):
+    """Write a model's parameters as indented, key-sorted JSON (the files this module loads)."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+
+
 class AlphaBetaModel:
     """Per-algorithm alpha (s) and beta (s/byte).
 
@@ -142,8 +148,7 @@ class AlphaBetaModel:
         return {"branching": self.branching, "algorithms": self.params}
 
     def save(self, path):
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1, sort_keys=True)
+        _save_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path):
@@ -535,8 +540,7 @@ class LinkModel:
                 "source": self.source}
 
     def save(self, path):
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1, sort_keys=True)
+        _save_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path):
