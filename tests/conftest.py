@@ -16,8 +16,13 @@
   (``test_glog_env.py``) set their own ``GLOG_*`` variables.
 * ``kernel_set``: runs a test once per kernel set (:mod:`caffe_engine.kernels`): ``reference``;
   ``cpu`` (Numba) with the engine's tuning; ``cpu-blocks``, the Numba kernels cut into the
-  smallest blocks and slices on three threads (every edge of the blocking); ``cuda``, skipped
-  with the reason where CuPy or a device is missing. Layers built inside the test plan on it.
+  smallest blocks and slices on three threads (every edge of the blocking); ``cuda-emulated``,
+  the cuda set's CUDA sources compiled by ``g++`` and run serially on NumPy arrays
+  (:mod:`caffe_engine.kernels.cuda.emulator`); ``cuda``, the cuda set on a GPU: the test runs
+  in GPU mode (blobs on CuPy), skipped with the reason where CuPy or a device is missing.
+  Layers built inside the test plan on it.
+* ``gpu_mode``: runs a test in GPU mode (``set_mode_gpu``), skipped with the reason where CuPy
+  or a device is missing; restores CPU mode after.
 """
 import os
 import sys
@@ -51,24 +56,54 @@ def _cuda_missing():
             return "no CUDA device"
     except Exception as exc:  # CUDARuntimeError and the like
         return f"no usable CUDA device ({exc})"
-    return "the cuda kernel set is not built yet (the GPU issue); CuPy arrays run the reference set"
+    return None
+
+
+CUDA_MISSING = _cuda_missing()
+
+
+def _emulator_missing():
+    from caffe_engine.kernels.cuda.emulator import compiler_missing
+    return compiler_missing()
 
 
 def _kernel_set_params():
     numba_missing = "cpu" not in kernels.available()
     cpu_skip = [pytest.mark.skip(reason="Numba is not installed")] if numba_missing else []
-    cuda_reason = _cuda_missing()
+    emulator_reason = _emulator_missing()
+    emulator_skip = [pytest.mark.skip(reason=emulator_reason)] if emulator_reason else []
+    cuda_marks = [pytest.mark.gpu]
+    if CUDA_MISSING:
+        cuda_marks.append(pytest.mark.skip(reason=CUDA_MISSING))
     return [pytest.param("reference", id="reference"),
             pytest.param("cpu", id="cpu", marks=cpu_skip),
             pytest.param("cpu-blocks", id="cpu-blocks", marks=cpu_skip),
-            pytest.param("cuda", id="cuda", marks=[pytest.mark.skip(reason=cuda_reason)])]
+            pytest.param("cuda-emulated", id="cuda-emulated", marks=emulator_skip),
+            pytest.param("cuda", id="cuda", marks=cuda_marks)]
 
 
 KERNEL_SETS = _kernel_set_params()
 
 
+@pytest.fixture
+def gpu_mode():
+    """Run the test with new blobs on CuPy (GPU mode); CPU mode again after."""
+    if CUDA_MISSING:
+        pytest.skip(CUDA_MISSING)
+    from caffe_engine import backend
+    assert backend.set_mode_gpu()
+    try:
+        yield
+    finally:
+        backend.set_mode_cpu()
+
+
 def kernel_set_object(name):
     """The kernel set a ``kernel_set`` parameter stands for."""
+    if name == "cuda-emulated":
+        from caffe_engine.kernels.cuda import CudaKernels
+        from caffe_engine.kernels.cuda.emulator import EmulatedDevice
+        return CudaKernels(EmulatedDevice())
     if name == "cpu-blocks":
         from caffe_engine.kernels.cpu import CpuKernels
         from caffe_engine.kernels.cpu.tuning import CpuTuning
@@ -79,7 +114,12 @@ def kernel_set_object(name):
 
 @pytest.fixture(params=KERNEL_SETS)
 def kernel_set(request):
-    """Run the test on one kernel set (see the module docstring); yields the set."""
+    """Run the test on one kernel set (see the module docstring); yields the set. ``cuda``
+    runs the test in GPU mode: its blobs are CuPy arrays, which use the cuda set."""
+    if request.param == "cuda":
+        request.getfixturevalue("gpu_mode")
+        yield kernels.get("cuda")
+        return
     chosen = kernel_set_object(request.param)
     previous = kernels.use(chosen)
     try:

@@ -21,9 +21,12 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 The sets:
 
 * ``reference``: readable NumPy/CuPy bodies (``xp``), Caffe's arithmetic order; the oracle of
-  the tests and what runs on CuPy arrays until the ``cuda`` set exists;
+  the tests;
 * ``cpu``: compiled Numba kernels for NumPy arrays (``caffe_engine/kernels/cpu``), the default
-  when Numba can be imported (else the reference set, with one warning line).
+  when Numba can be imported (else the reference set, with one warning line);
+* ``cuda``: CUDA C kernels compiled by NVRTC for CuPy arrays (``caffe_engine/kernels/cuda``),
+  what every CuPy array uses; the same sources run serially on the CPU through
+  :class:`.cuda.emulator.EmulatedDevice` in the tests.
 
 ``CAFFE_ENGINE_KERNELS=reference`` (or :func:`use`) makes NumPy arrays use the reference set.
 """
@@ -48,10 +51,10 @@ def _numba_available():
 
 
 def get(name):
-    """The kernel set called ``name`` ("reference" or "cpu"), made once per process.
+    """The kernel set called ``name`` ("reference", "cpu" or "cuda"), made once per process.
 
     Raises:
-        ValueError: an unknown name, or "cpu" without Numba.
+        ValueError: an unknown name, "cpu" without Numba, or "cuda" without CuPy.
     """
     if name not in _sets:
         if name == "reference":
@@ -67,8 +70,14 @@ def get(name):
             if _state["threads"]:
                 tuning = dataclasses.replace(tuning, threads=_state["threads"])
             _sets[name] = CpuKernels(tuning)
+        elif name == "cuda":
+            from .cuda import CudaKernels
+            try:
+                _sets[name] = CudaKernels()
+            except ImportError as exc:
+                raise ValueError(f"the cuda kernel set needs CuPy: {exc}") from None
         else:
-            raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu)")
+            raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu, cuda)")
     return _sets[name]
 
 
@@ -125,8 +134,9 @@ def use(choice):
 
 def for_array(array):
     """The kernel set for ``array``'s device: the NumPy default (:func:`cpu_default`) for NumPy
-    arrays, the reference set (on CuPy) for CuPy arrays."""
+    arrays, the cuda set for CuPy arrays (the reference set with ``CAFFE_ENGINE_GPU_KERNELS=
+    reference``, to compare the two on a GPU)."""
     if get_array_module(array).__name__ == "cupy":
-        return get("reference")
+        return get(os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda")
     choice = cpu_default()
     return get(choice) if isinstance(choice, str) else choice

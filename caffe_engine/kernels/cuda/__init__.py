@@ -1,0 +1,104 @@
+"""The cuda kernel set: CUDA C kernels for CuPy arrays (see :mod:`caffe_engine.kernels`).
+
+Each hot loop is a grid-stride CUDA kernel (:mod:`.source`), compiled by NVRTC the first time
+it runs (:mod:`.device`), launched from a plan made in the layer's ``reshape``; matrix products
+go to cuBLAS through ``cupy.matmul``. The set is built on a *device*: :class:`.device.CupyDevice`
+on a GPU, or :class:`.emulator.EmulatedDevice`, which runs the same sources serially on the CPU
+for the tests. Importing this package needs neither CuPy nor a GPU.
+
+Modules: :mod:`.conv` (im2col/col2im and the convolution plan), :mod:`.pooling`, :mod:`.lrn`,
+:mod:`.neuron` (ReLU, Dropout), :mod:`.solver` (the fused updates, the norms), :mod:`.transform`
+(the Data layer's crop, mirror, mean and scale). What a module does not cover (a plan factory
+returning None) falls back to the reference set's array code, which runs on CuPy too: N-D
+convolution and the WITHIN_CHANNEL LRN.
+"""
+import importlib
+
+from ..reference import ReferenceKernels
+
+
+def _module(name):
+    """This package's module ``name``, or None while it is not written (the set then falls
+    back to the reference set for what it would cover)."""
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"{__name__}.{name}":
+            return None
+        raise
+
+
+def _contiguous(*arrays):
+    return all(a.flags.c_contiguous for a in arrays)
+
+
+class CudaKernels(ReferenceKernels):
+    """The kernel interface in CUDA C, on ``device`` (default: a :class:`.device.CupyDevice`).
+
+    Raises:
+        ImportError: no ``device`` given and CuPy is not installed.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device=None):
+        if device is None:
+            from .device import CupyDevice
+            device = CupyDevice()
+        self.device = device
+
+    def conv(self, geometry):
+        module = _module("conv")
+        plan = module.make_plan(self.device, geometry) if module else None
+        return plan if plan is not None else super().conv(geometry)
+
+    def im2col(self, x, kernel, stride, pad, dilation, out_shape):
+        module = _module("conv")
+        col = module.im2col(self.device, x, kernel, stride, pad, dilation, out_shape) \
+            if module else None
+        return col if col is not None else super().im2col(x, kernel, stride, pad, dilation,
+                                                          out_shape)
+
+    def col2im(self, col, in_shape, kernel, stride, pad, dilation):
+        module = _module("conv")
+        x = module.col2im(self.device, col, in_shape, kernel, stride, pad, dilation) \
+            if module else None
+        return x if x is not None else super().col2im(col, in_shape, kernel, stride, pad,
+                                                      dilation)
+
+    def pooling(self, geometry):
+        module = _module("pooling")
+        plan = module.make_plan(self.device, geometry) if module else None
+        return plan if plan is not None else super().pooling(geometry)
+
+    def lrn(self, geometry):
+        module = _module("lrn")
+        plan = module.make_plan(self.device, geometry) if module else None
+        return plan if plan is not None else super().lrn(geometry)
+
+    def relu_forward(self, x, y, negative_slope):
+        if not _contiguous(x, y):
+            return super().relu_forward(x, y, negative_slope)
+        _module("neuron").relu_forward(self.device, x, y, negative_slope)
+
+    def relu_backward(self, x, dy, dx, negative_slope):
+        if not _contiguous(x, dy, dx):
+            return super().relu_backward(x, dy, dx, negative_slope)
+        _module("neuron").relu_backward(self.device, x, dy, dx, negative_slope)
+
+    def update(self, rule):
+        module = _module("solver")
+        step = module.make_step(self.device, rule) if module else None
+        return step if step is not None else super().update(rule)
+
+    def param_norms(self, data, diff):
+        module = _module("solver")
+        if module is None or not _contiguous(data, diff):
+            return super().param_norms(data, diff)
+        return module.param_norms(self.device, data, diff)
+
+    def transform(self, batch, out, params, mean, scale):
+        module = _module("transform")
+        if module is None:
+            return super().transform(batch, out, params, mean, scale)
+        module.transform(self.device, batch, out, params, mean, scale)
