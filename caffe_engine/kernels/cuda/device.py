@@ -27,6 +27,8 @@ class CupyDevice:
         import cupy
         self.xp = cupy
         self._modules = {}
+        #: kernels launched so far (the benchmarks count launches per iteration)
+        self.launches = 0
 
     def function(self, source, kernel):
         """The compiled ``kernel`` of ``source`` (compiled once per process and device)."""
@@ -43,6 +45,7 @@ class CupyDevice:
             raise ValueError(f"{kernel}: {n} elements exceed the kernels' int indices")
         blocks = min(MAX_BLOCKS, (n + THREADS - 1) // THREADS)
         self.function(source, kernel)((blocks,), (THREADS,), args)
+        self.launches += 1
 
 
 def compile_check(arch="sm_90", sources=None):
