@@ -380,11 +380,25 @@ def test_one_workspace_per_plan_within_the_bound(device, monkeypatch):
     plan = plan_with_chunk(device, g, 2, monkeypatch)
     x, w, b, dy = conv_arrays(g, numpy.random.default_rng(1))
     conv_results(plan, x, w, b, dy)
-    workspace = plan._workspace
+    buffer = plan._workspace._buffer
     conv_results(plan, x, w, b, dy)
-    assert plan._workspace is workspace
+    assert plan._workspace._buffer is buffer
     weights = g.num_output * g.kernel_dim
-    assert workspace.size - weights <= images_bound(g, 2) // 4
+    assert buffer.size - weights <= images_bound(g, 2) // 4
+
+
+def test_the_plans_of_one_kernel_set_share_one_workspace(device, monkeypatch):
+    from caffe_engine.kernels.cuda import CudaKernels
+    kernels = CudaKernels(device)
+    small, large = GEOMETRIES["groups3_dilation"], GEOMETRIES["rect_all"]
+    plans = [kernels.conv(small), kernels.conv(large)]
+    for plan, g in zip(plans, (small, large)):
+        x, w, b, dy = conv_arrays(g, numpy.random.default_rng(2))
+        conv_results(plan, x, w, b, dy)
+    assert plans[0]._workspace is plans[1]._workspace is kernels.workspace
+    # the shared buffer is the larger need, not the sum
+    needs = [p._col_size + p._mid_size + p._mat_size for p in plans]
+    assert kernels.workspace.nbytes == 4 * max(needs)
 
 
 # -- NVRTC ----------------------------------------------------------------------------------------

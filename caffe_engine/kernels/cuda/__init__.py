@@ -15,6 +15,7 @@ convolution and the WITHIN_CHANNEL LRN.
 import importlib
 
 from ..reference import ReferenceKernels
+from .workspace import DeviceWorkspace
 
 
 def _module(name):
@@ -46,10 +47,11 @@ class CudaKernels(ReferenceKernels):
             from .device import CupyDevice
             device = CupyDevice()
         self.device = device
+        self.workspace = DeviceWorkspace()
 
     def conv(self, geometry):
         module = _module("conv")
-        plan = module.make_plan(self.device, geometry) if module else None
+        plan = module.make_plan(self.device, geometry, self.workspace) if module else None
         return plan if plan is not None else super().conv(geometry)
 
     def im2col(self, x, kernel, stride, pad, dilation, out_shape):
@@ -102,3 +104,15 @@ class CudaKernels(ReferenceKernels):
         if module is None:
             return super().transform(batch, out, params, mean, scale)
         module.transform(self.device, batch, out, params, mean, scale)
+
+    def dropout_forward(self, x, mask, threshold, scale, y):
+        module = _module("neuron")
+        if not module.dropout_launchable(x, mask, y):
+            return super().dropout_forward(x, mask, threshold, scale, y)
+        module.dropout_forward(self.device, x, mask, threshold, scale, y)
+
+    def dropout_backward(self, dy, mask, threshold, scale, dx):
+        module = _module("neuron")
+        if not module.dropout_launchable(dy, mask, dx):
+            return super().dropout_backward(dy, mask, threshold, scale, dx)
+        module.dropout_backward(self.device, dy, mask, threshold, scale, dx)

@@ -41,8 +41,9 @@ bias_grad          one reduction, one ``+=`` -> 2
 =================  ==================================================================
 
 A LeNet-sized layer (one chunk) thus takes 3 + 3 + 4 + 2 launches per iteration. Memory:
-each plan keeps its workspace from its first call: at most :data:`WORKSPACE_BYTES` plus
-M * K floats (more only when a single image's matrices exceed the bound).
+the plans of one kernel set share one :class:`.workspace.DeviceWorkspace` (grown to the
+largest plan's need: at most :data:`WORKSPACE_BYTES` plus M * K floats, more only when a
+single image's matrices exceed the bound).
 
 Arrays: float32, C-contiguous; ``x`` (N, C, H, W), ``y``/``dy`` (N, M, OH, OW), ``w``
 (M, C / G, kh, kw), ``bias``/``db`` (M,). Anything else (another dtype, a strided view) is
@@ -59,6 +60,7 @@ from ...backend import get_array_module
 from ..reference import conv as reference_conv
 from .device import int32
 from .source import Source
+from .workspace import DeviceWorkspace
 
 #: Most bytes one plan's workspace holds for its chunk (the column matrix and one
 #: (M, nb * P) matrix); a single image's matrices may exceed it (then chunks of one image).
@@ -270,7 +272,7 @@ def col2im(device, col, in_shape, kernel, stride, pad, dilation):
     return x
 
 
-def make_plan(device, geometry):
+def make_plan(device, geometry, workspace=None):
     """A :class:`ConvPlan` for a 2-D ``geometry`` (a :class:`..geometry.ConvGeometry`), or
     None (the kernel set then uses the reference plan): not 2-D, or a tensor (the input, the
     output, one image's column matrix) of 2**31 elements or more."""
@@ -282,7 +284,7 @@ def make_plan(device, geometry):
            g.num * g.num_output * math.prod(g.out_spatial),
            rows * math.prod(g.out_spatial)) >= INT_LIMIT:
         return None
-    return ConvPlan(device, geometry)
+    return ConvPlan(device, geometry, workspace)
 
 
 class ConvPlan:
@@ -298,7 +300,7 @@ class ConvPlan:
     stride 1, no pad).
     """
 
-    def __init__(self, device, geometry):
+    def __init__(self, device, geometry, workspace=None):
         g = self.geometry = geometry
         self.device = device
         self.N, self.C, self.M, self.G = g.num, g.channels, g.num_output, g.group
@@ -314,7 +316,7 @@ class ConvPlan:
         self._col_size = self.rows * self.chunk * self.P
         self._mid_size = self.M * self.chunk * self.P
         self._mat_size = self.M * self.K
-        self._workspace = None
+        self._workspace = workspace if workspace is not None else DeviceWorkspace()
         self._reference = reference_conv.ConvPlan(geometry)
         kh, kw = g.kernel
         self._shapes = {"x": (self.N, self.C) + self.in_hw, "y": (self.N, self.M) + self.out_hw,
@@ -334,9 +336,7 @@ class ConvPlan:
         """Views of the workspace for a chunk of ``nb`` images: the column matrix
         (rows, nb * P), the (M, nb * P) matrix, the (M, K) matrix."""
         total = self._col_size + self._mid_size + self._mat_size
-        if self._workspace is None or get_array_module(self._workspace) is not xp:
-            self._workspace = xp.empty(total, numpy.float32)
-        ws = self._workspace
+        ws = self._workspace.get(xp, total)
         cols = nb * self.P
         col = ws[:self.rows * cols].reshape(self.rows, cols)
         mid = ws[self._col_size:self._col_size + self.M * cols]
