@@ -11,6 +11,10 @@ import numpy
 THREADS = 512
 #: blocks at most per launch; the grid-stride loops cover the rest
 MAX_BLOCKS = 65535
+#: NVRTC options of every source: no contraction of ``a * b + c`` into one FMA, so each
+#: float32 operation rounds as it does in the reference set and in the emulator (g++
+#: ``-ffp-contract=off``); the kernels are memory-bound, the FMA would buy nothing
+OPTIONS = ("--std=c++14", "--fmad=false")
 
 
 class CupyDevice:
@@ -34,7 +38,7 @@ class CupyDevice:
         """The compiled ``kernel`` of ``source`` (compiled once per process and device)."""
         module = self._modules.get(source.name)
         if module is None:
-            module = self.xp.RawModule(code=source.text(), options=("--std=c++14",))
+            module = self.xp.RawModule(code=source.text(), options=OPTIONS)
             self._modules[source.name] = module
         return module.get_function(kernel)
 
@@ -64,7 +68,7 @@ def compile_check(arch="sm_90", sources=None):
     for source in sources or all_sources():
         program = nvrtc.createProgram(source.text(), f"{source.name}.cu", [], [])
         try:
-            nvrtc.compileProgram(program, [f"-arch={arch}", "--std=c++14"])
+            nvrtc.compileProgram(program, [f"-arch={arch}", *OPTIONS])
         except nvrtc.NVRTCError as exc:
             raise RuntimeError(f"{source.name}.cu: {exc}\n{nvrtc.getProgramLog(program)}") \
                 from None

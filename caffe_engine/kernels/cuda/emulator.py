@@ -24,6 +24,9 @@ from .source import all_sources
 SHIM = r"""
 #include <math.h>
 #include <stdint.h>
+#include <algorithm>
+using std::min;
+using std::max;
 #define __global__
 #define __device__ static inline
 #define __forceinline__
@@ -95,7 +98,9 @@ def _c_argument(kernel, value):
         return ctypes.c_int(int(value))
     if isinstance(value, numpy.float32):
         return ctypes.c_float(float(value))
+    if isinstance(value, numpy.uint32):
+        return ctypes.c_uint(int(value))
     if isinstance(value, numpy.uint64):
         return ctypes.c_ulonglong(int(value))
-    raise TypeError(f"{kernel}: kernel arguments are arrays, numpy.int32, numpy.float32 or "
-                    f"numpy.uint64, got {type(value).__name__}")
+    raise TypeError(f"{kernel}: kernel arguments are arrays, numpy.int32, numpy.float32, "
+                    f"numpy.uint32 or numpy.uint64, got {type(value).__name__}")
