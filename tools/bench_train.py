@@ -36,6 +36,23 @@ runs the reference kernel set instead, and ``--prefetch N`` sets every Data laye
 ``--write-nets DIR`` times nothing: it writes each net's benchmarked TRAIN prototxt and its
 random LMDB (and mean file) under ``DIR/<net>/``, for ``caffe time``'s per-layer profile of
 exactly what the benchmark runs.
+
+``--device gpu`` times the same iterations on the GPU: the engine in GPU mode (blobs on CuPy,
+so the cuda kernel set; ``--gpu-kernels reference`` runs the reference set's CuPy array code
+instead) and PyTorch on ``cuda`` (eager, float32: TF32 off for cuDNN and cuBLAS, as CuPy's
+products without ``CUPY_TF32``), every timed iteration closed by a device synchronize. Its
+default nets are lenet, cifar10_quick, nin and bvlc_googlenet (``models/googlenet``, BVLC
+GoogLeNet, batch 32, 224x224 crops: ``googlenet`` reads ``../shared``). The table then gives,
+instead of the CPU's RSS and Caffe columns, the GPU float32 GEMM peak's share, the engine's
+kernel launches per iteration (the cuda kernel set's own kernels, counted by its
+``CupyDevice``; cuBLAS products and CuPy's own elementwise and reduction kernels, e.g. the
+layers' array code, are not counted), and peak GPU memory: the engine's CuPy memory pool
+(``total_bytes``: what the pool holds, used or cached, at the end) and PyTorch's
+``max_memory_allocated`` (its ``max_memory_reserved`` is in the JSON), neither counting the
+CUDA context or library workspaces. Without CuPy or a CUDA device it stops with one line.
+
+    python tools/bench_train.py --device gpu [--nets lenet,cifar10_quick,nin,bvlc_googlenet]
+                                [--gpu-kernels cuda|reference] [--iters 20] [--json out.json]
 """
 import argparse
 import importlib.util
@@ -60,12 +77,15 @@ NETS = {
     "inception": ("models/inception_small/inception_small_train_test.prototxt", (3, 128, 128)),
     "googlenet": ("../shared/realworld/natanielruiz__net-archive/places205-googlenet/"
                   "train_val_googlenet_places205.prototxt", (3, 256, 256)),
+    # BVLC's own GoogLeNet, in the repository (the GPU machine has no ../shared)
+    "bvlc_googlenet": ("models/googlenet/train_val.prototxt", (3, 256, 256)),
 }
 DEFAULT_NETS = ("lenet", "cifar10_quick", "nin", "inception", "googlenet")
+DEFAULT_GPU_NETS = ("lenet", "cifar10_quick", "nin", "bvlc_googlenet")
 #: Classes of each net's last InnerProduct (the generated labels must fit).
-CLASSES = {"inception": 100, "googlenet": 205}
+CLASSES = {"inception": 100, "googlenet": 205, "bvlc_googlenet": 1000}
 #: Batch sizes set by the benchmark (GoogLeNet's prototxt says 128; the issue times 32).
-BATCH = {"googlenet": 32}
+BATCH = {"googlenet": 32, "bvlc_googlenet": 32}
 #: BVLC Caffe's ``caffe time`` forward+backward ms per iteration on this kind of machine (2 cores,
 #: OpenBLAS), as measured for the issues (GoogLeNet: 5.5-5.9 s on the net this benchmark writes;
 #: 3.5 s was BVLC's own prototxt); the small inception net has no Caffe reference of its own.
@@ -128,9 +148,9 @@ def write_nets(nets, folder, quiet=False):
     return 0
 
 
-def caffe_time_ms(caffe_bin, net, iters, threads):
-    """BVLC Caffe's ``caffe time`` "Average Forward-Backward" of the benchmarked ``net`` (ms),
-    or None when the binary failed."""
+def caffe_time_ms(caffe_bin, net, iters, threads, gpu=False):
+    """BVLC Caffe's ``caffe time`` "Average Forward-Backward" of the benchmarked ``net`` (ms; on
+    GPU 0 with ``gpu``), or None when the binary failed."""
     with tempfile.TemporaryDirectory() as folder:
         if write_nets([net], folder, quiet=True):
             return None
@@ -138,7 +158,8 @@ def caffe_time_ms(caffe_bin, net, iters, threads):
                    MKL_NUM_THREADS=str(threads))
         r = subprocess.run([caffe_bin, "time", "--model",
                             os.path.join(folder, net, "train.prototxt"),
-                            "--iterations", str(iters)], capture_output=True, text=True, env=env)
+                            "--iterations", str(iters)] + (["--gpu", "0"] if gpu else []),
+                           capture_output=True, text=True, env=env)
         for line in (r.stdout + r.stderr).splitlines():
             if "Average Forward-Backward:" in line:
                 return float(line.split("Average Forward-Backward:")[1].split()[0])
@@ -188,10 +209,61 @@ def gemm_peak(threads, size=2048, reps=7):
     return 2 * size ** 3 / min(times) / 1e9
 
 
+def gpu_missing():
+    """Why ``--device gpu`` cannot run here (None when it can): CuPy or a CUDA device missing."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"CuPy is not installed ({exc}); pip install -e '.[gpu]'"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError, a missing driver library
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"no usable CUDA device ({reason})"
+    return None if count > 0 else "no CUDA device"
+
+
+def gemm_peak_gpu(size=8192, reps=5):
+    """Float32 GEMM GFLOP/s of the current GPU through ``cupy.matmul`` (cuBLAS, no TF32 unless
+    ``CUPY_TF32=1``): the best of ``reps`` 8192^3 products, timed with CUDA events."""
+    import cupy
+    a = cupy.random.random((size, size), dtype=cupy.float32)
+    b = cupy.random.random((size, size), dtype=cupy.float32)
+    c = a @ b
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        cupy.matmul(a, b, out=c)
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return 2 * size ** 3 / min(times) / 1e9
+
+
+def _engine_gpu():
+    """GPU mode for this (worker) process: ``(synchronize, pool bytes, launches)`` callables;
+    ``launches`` returns None where the cuda kernel set is not the one CuPy arrays use."""
+    from caffe_engine import backend, kernels
+    reason = gpu_missing()
+    if reason is not None or not backend.set_mode_gpu():
+        raise SystemExit(f"bench_train: --device gpu: {reason or 'set_mode_gpu failed'}")
+    import cupy
+    device = cupy.cuda.Device()
+    pool = cupy.get_default_memory_pool()
+    launches = lambda: None  # noqa: E731
+    if (os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda") == "cuda":
+        counter = kernels.get("cuda").device
+        launches = lambda: getattr(counter, "launches", None)  # noqa: E731
+    return device.synchronize, pool.total_bytes, launches
+
+
 # --------------------------------------------------------------------------------------------
 # Workers (one subprocess each)
 # --------------------------------------------------------------------------------------------
-def worker_engine(net_name, iters, warmup, settings=(), prefetch=None, kernel_set=None):
+def worker_engine(net_name, iters, warmup, settings=(), prefetch=None, kernel_set=None,
+                  device="cpu"):
     import dataclasses
     import logging
     from caffe_engine import kernels
@@ -213,6 +285,9 @@ def worker_engine(net_name, iters, warmup, settings=(), prefetch=None, kernel_se
                                  f"{', '.join(sorted(fields))})")
             changes[name] = type_of(value)
         kernels.use(CpuKernels(dataclasses.replace(CpuTuning.from_environment(), **changes)))
+    sync, pool_bytes, launches = (lambda: None), (lambda: None), (lambda: None)
+    if device == "gpu":
+        sync, pool_bytes, launches = _engine_gpu()
     with tempfile.TemporaryDirectory() as folder:
         param = train_net_param(net_name, folder)
         if prefetch is not None:
@@ -228,12 +303,22 @@ def worker_engine(net_name, iters, warmup, settings=(), prefetch=None, kernel_se
         flops = count_flops(solver.net)
         for _ in range(warmup):
             solver.step(1)
-        times = []
+        sync()
+        times, counts = [], []
         for _ in range(iters):
+            before = launches()
             t = time.perf_counter()
             solver.step(1)
+            sync()
             times.append(time.perf_counter() - t)
-    return {"times": times, "batch": batch, "flops": flops}
+            after = launches()
+            if before is not None and after is not None:
+                counts.append(after - before)
+    out = {"times": times, "batch": batch, "flops": flops}
+    if device == "gpu":
+        out["gpu_mb"] = pool_bytes() / 2 ** 20
+        out["launches"] = statistics.median(counts) if counts else None
+    return out
 
 
 def type_of(text):
@@ -321,10 +406,19 @@ def caffe_train():
     return caffe_pb2.TRAIN
 
 
-def worker_torch(net_name, iters, warmup, threads):
+def worker_torch(net_name, iters, warmup, threads, device="cpu"):
     import torch
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    dev, sync = torch.device("cpu"), (lambda: None)
+    if device == "gpu":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"bench_train: --device gpu: PyTorch {torch.__version__} sees no CUDA "
+                             f"device")
+        dev, sync = torch.device("cuda"), torch.cuda.synchronize
+        # float32 as the engine computes it: no TF32 in cuDNN's convolutions or cuBLAS
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as folder:
         param = train_net_param(net_name, folder)
     data_layer = next(l for l in param.layer if l.type == "Data"
@@ -335,9 +429,9 @@ def worker_torch(net_name, iters, warmup, threads):
     if crop:
         shape = (shape[0], crop, crop)
     classes = CLASSES.get(net_name, 10)
-    model = torch_model(param)
-    data = torch.rand((batch,) + shape)
-    label = torch.randint(0, classes, (batch,))
+    model = torch_model(param).to(dev)
+    data = torch.rand((batch,) + shape, device=dev)
+    label = torch.randint(0, classes, (batch,), device=dev)
     model(data, label)
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, weight_decay=0.0005)
 
@@ -349,12 +443,18 @@ def worker_torch(net_name, iters, warmup, threads):
 
     for _ in range(warmup):
         step()
+    sync()
     times = []
     for _ in range(iters):
         t = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t)
-    return {"times": times, "batch": batch}
+    out = {"times": times, "batch": batch}
+    if device == "gpu":
+        out["gpu_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        out["gpu_reserved_mb"] = torch.cuda.max_memory_reserved() / 2 ** 20
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,7 +462,8 @@ def worker_torch(net_name, iters, warmup, threads):
 # --------------------------------------------------------------------------------------------
 def run_worker(kind, net, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--nets", net,
-           "--iters", str(args.iters), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+           "--iters", str(args.iters), "--warmup", str(args.warmup), "--threads", str(args.threads),
+           "--device", args.device]
     if kind == "engine":
         cmd += [f"--set={s}" for s in args.set]
         if args.kernels:
@@ -372,6 +473,8 @@ def run_worker(kind, net, args):
     threads = str(args.threads)
     env = dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
                MKL_NUM_THREADS=threads)
+    if args.gpu_kernels:
+        env["CAFFE_ENGINE_GPU_KERNELS"] = args.gpu_kernels
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.stderr.write(r.stderr[-2000:])
@@ -387,8 +490,8 @@ def summarize(runs):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default=",".join(DEFAULT_NETS),
-                        help=f"comma-separated, of: {', '.join(NETS)}")
+    parser.add_argument("--nets", help=f"comma-separated, of: {', '.join(NETS)} (default: "
+                        f"{','.join(DEFAULT_NETS)}; with --device gpu: {','.join(DEFAULT_GPU_NETS)})")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     parser.add_argument("--repeats", type=int, default=1, help="runs per (framework, net)")
@@ -402,10 +505,17 @@ def main(argv=None):
     parser.add_argument("--caffe-bin", metavar="PATH",
                         help="a BVLC Caffe 'caffe' binary: measure its caffe time in this run")
     parser.add_argument("--prefetch", type=int, help="data_param.prefetch of every Data layer")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                        help="gpu: the engine in GPU mode (CuPy) and PyTorch on cuda")
+    parser.add_argument("--gpu-kernels", choices=["cuda", "reference"],
+                        help="with --device gpu: the kernel set CuPy arrays use (default cuda)")
     parser.add_argument("--write-nets", metavar="DIR",
                         help="write the nets' TRAIN prototxts and LMDBs under DIR, time nothing")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    gpu = args.device == "gpu"
+    if args.nets is None:
+        args.nets = ",".join(DEFAULT_GPU_NETS if gpu else DEFAULT_NETS)
     nets = [n for n in args.nets.split(",") if n]
     unknown = [n for n in nets if n not in NETS]
     if unknown:
@@ -416,15 +526,23 @@ def main(argv=None):
     if args.worker:
         net = nets[0]
         if args.worker == "peak":
-            out = {"gflops": gemm_peak(args.threads)}
+            out = {"gflops": gemm_peak_gpu() if gpu else gemm_peak(args.threads)}
         elif args.worker == "engine":
             out = worker_engine(net, args.iters, args.warmup, args.set, args.prefetch,
-                                args.kernels)
+                                args.kernels, args.device)
         else:
-            out = worker_torch(net, args.iters, args.warmup, args.threads)
+            out = worker_torch(net, args.iters, args.warmup, args.threads, args.device)
         out["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(out))
         return 0
+
+    if gpu:
+        reason = gpu_missing()
+        if reason is not None:
+            print(f"bench_train: --device gpu: {reason}", file=sys.stderr)
+            return 1
+    elif args.gpu_kernels:
+        parser.error("--gpu-kernels needs --device gpu")
 
     # Looked up, not imported: the workers are this process's children, and a child's
     # getrusage high-water mark starts at its parent's.
@@ -433,17 +551,36 @@ def main(argv=None):
         have_torch = importlib.util.find_spec("torch") is not None
         if not have_torch:
             print("PyTorch not installed: engine only (pip install -e '.[bench]')")
-    peak = run_worker("peak", nets[0], args)["gflops"]
-    print(f"float32 GEMM peak (2048^3, {args.threads} threads): {peak:.0f} GFLOP/s; "
-          f"{args.warmup} warm-up + {args.iters} timed iterations per run, "
-          f"{args.repeats} run(s) each; medians"
-          + "".join(f"; {s}" for s in args.set)
-          + (f"; {args.kernels} kernels" if args.kernels else "")
-          + ("; Caffe measured by " + args.caffe_bin if args.caffe_bin else "")
-          + (f"; prefetch {args.prefetch}" if args.prefetch is not None else ""))
-    header = (f"{'net':<14}{'batch':>6}{'it/s':>9}{'ms/it':>9}{'img/s':>8}{'GFLOP/s':>9}"
-              f"{'%peak':>7}{'RSS MB':>8}{'torch it/s':>11}{'torch RSS':>10}{'eng/torch':>10}"
-              f"{'Caffe ms':>10}{'x Caffe':>9}")
+    peak_run = run_worker("peak", nets[0], args)
+    peak = peak_run["gflops"] if peak_run else None
+    if gpu:
+        peak_txt = (f"{peak:.0f} GFLOP/s" if peak else "not measured (its worker failed)")
+        print(f"GPU float32 GEMM peak (8192^3, cupy.matmul): {peak_txt}; "
+              f"{args.warmup} warm-up + {args.iters} timed iterations per run, "
+              f"{args.repeats} run(s) each; medians; "
+              f"{args.gpu_kernels or 'cuda'} kernel set for CuPy arrays"
+              + "".join(f"; {s}" for s in args.set)
+              + (f"; {args.kernels} kernels for NumPy arrays" if args.kernels else "")
+              + ("; Caffe measured by " + args.caffe_bin if args.caffe_bin else "")
+              + (f"; prefetch {args.prefetch}" if args.prefetch is not None else ""))
+        print("launch/it: the cuda kernel set's kernels per iteration (not cuBLAS products nor "
+              "CuPy's own kernels); GPU MB: CuPy pool total_bytes (engine), "
+              "max_memory_allocated (PyTorch)")
+        header = (f"{'net':<16}{'batch':>6}{'it/s':>9}{'ms/it':>9}{'img/s':>8}{'GFLOP/s':>9}"
+                  f"{'%peak':>7}{'launch/it':>10}{'GPU MB':>8}{'torch ms':>10}{'torch MB':>10}"
+                  f"{'eng/torch':>10}" + (f"{'Caffe ms':>10}{'x Caffe':>9}" if args.caffe_bin
+                                          else ""))
+    else:
+        print(f"float32 GEMM peak (2048^3, {args.threads} threads): {peak:.0f} GFLOP/s; "
+              f"{args.warmup} warm-up + {args.iters} timed iterations per run, "
+              f"{args.repeats} run(s) each; medians"
+              + "".join(f"; {s}" for s in args.set)
+              + (f"; {args.kernels} kernels" if args.kernels else "")
+              + ("; Caffe measured by " + args.caffe_bin if args.caffe_bin else "")
+              + (f"; prefetch {args.prefetch}" if args.prefetch is not None else ""))
+        header = (f"{'net':<14}{'batch':>6}{'it/s':>9}{'ms/it':>9}{'img/s':>8}{'GFLOP/s':>9}"
+                  f"{'%peak':>7}{'RSS MB':>8}{'torch it/s':>11}{'torch RSS':>10}{'eng/torch':>10}"
+                  f"{'Caffe ms':>10}{'x Caffe':>9}")
     print(header)
     print("-" * len(header))
     results = {}
@@ -458,18 +595,48 @@ def main(argv=None):
                 if tor is not None:
                     tor_runs.append(tor)
         if not eng_runs:
-            print(f"{net:<14} engine run failed")
+            print(f"{net:<14} engine run failed", flush=True)
             continue
         eng = eng_runs[0]
         sec, sec_lo, sec_hi = summarize(eng_runs)
         its = 1.0 / sec
         gflops = eng["flops"] * its / 1e9
         rss = max(r["peak_rss_mb"] for r in eng_runs)
-        row = (f"{net:<14}{eng['batch']:>6}{its:>9.2f}{sec * 1e3:>9.1f}{its * eng['batch']:>8.0f}"
-               f"{gflops:>9.1f}{100 * gflops / peak:>6.0f}%{rss:>8.0f}")
         results[net] = {"engine_runs": eng_runs, "engine_its": its, "engine_ms": sec * 1e3,
                         "engine_ms_range": [sec_lo * 1e3, sec_hi * 1e3], "gflops": gflops,
-                        "peak": peak, "engine_rss_mb": rss, "batch": eng["batch"]}
+                        "peak": peak, "engine_rss_mb": rss, "batch": eng["batch"],
+                        "device": args.device}
+        if gpu:
+            share = f"{100 * gflops / peak:>6.0f}%" if peak else f"{'-':>7}"
+            counts = [r["launches"] for r in eng_runs if r.get("launches") is not None]
+            launches = statistics.median(counts) if counts else None
+            gpu_mb = max(r["gpu_mb"] for r in eng_runs)
+            row = (f"{net:<16}{eng['batch']:>6}{its:>9.2f}{sec * 1e3:>9.1f}"
+                   f"{its * eng['batch']:>8.0f}{gflops:>9.1f}{share}"
+                   + (f"{launches:>10.0f}" if launches is not None else f"{'-':>10}")
+                   + f"{gpu_mb:>8.0f}")
+            results[net].update(engine_launches_per_iter=launches, engine_gpu_mb=gpu_mb)
+            if tor_runs:
+                t_sec, t_lo, t_hi = summarize(tor_runs)
+                t_mb = max(r["gpu_mb"] for r in tor_runs)
+                row += f"{t_sec * 1e3:>10.1f}{t_mb:>10.0f}{t_sec / sec:>10.2f}"
+                results[net].update(
+                    torch_runs=tor_runs, torch_its=1 / t_sec, torch_ms=t_sec * 1e3,
+                    torch_ms_range=[t_lo * 1e3, t_hi * 1e3], torch_gpu_mb=t_mb,
+                    torch_gpu_reserved_mb=max(r["gpu_reserved_mb"] for r in tor_runs),
+                    engine_ms_over_torch_ms=sec / t_sec)
+            else:
+                row += f"{'-':>10}{'-':>10}{'-':>10}"
+            if args.caffe_bin:
+                caffe_ms = caffe_time_ms(args.caffe_bin, net, args.iters, args.threads, gpu=True)
+                if caffe_ms:
+                    row += f"{caffe_ms:>10.1f}{caffe_ms / (sec * 1e3):>9.2f}"
+                    results[net].update(caffe_ms=caffe_ms, caffe_measured=True)
+            print(row, flush=True)
+            write_json(args.json, results)
+            continue
+        row = (f"{net:<14}{eng['batch']:>6}{its:>9.2f}{sec * 1e3:>9.1f}{its * eng['batch']:>8.0f}"
+               f"{gflops:>9.1f}{100 * gflops / peak:>6.0f}%{rss:>8.0f}")
         if tor_runs:
             t_sec, t_lo, t_hi = summarize(tor_runs)
             t_rss = max(r["peak_rss_mb"] for r in tor_runs)
@@ -486,10 +653,18 @@ def main(argv=None):
             results[net]["caffe_ms"] = caffe_ms
             results[net]["caffe_measured"] = bool(args.caffe_bin)
         print(row, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results)
+    write_json(args.json, results)
     return 0
+
+
+def write_json(path, results):
+    """``--json``: the results so far (rewritten after every net, so that a run stopped
+    part-way still leaves the nets it finished)."""
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
