@@ -33,6 +33,11 @@ overlaps communication with the backward pass. Blocking calls run on the calling
 second duplicate, so the two streams of operations can never match each other's messages.
 This needs ``MPI_THREAD_MULTIPLE``, which mpi4py requests by default.
 
+Device (CuPy) buffers: ``nccl`` reduces them on the GPU; the MPI algorithms reduce them in a
+pinned host mirror, copied in chunks on their own CUDA streams so that the copies overlap the
+transfers (:mod:`.staging`; the mirror's chunks are waited for and copied back by the
+algorithms themselves). NumPy buffers are reduced where they are, as before.
+
 Fault handling: every blocking wait inside a communicator runs under a process-wide watchdog. If
 one operation waits longer than ``timeout`` seconds (default 50, env ``CAFFE_COMM_TIMEOUT``;
 0 disables), the watchdog prints one line naming the rank and the operation and calls
@@ -57,8 +62,9 @@ import time
 import numpy
 
 from ..errors import CaffeError
-from . import registry
+from . import registry, staging
 from .registry import ALGORITHMS  # noqa: F401  (the registered names, a live view)
+from .staging import NO_STAGE
 
 OPS = ("sum", "mean")
 DEFAULT_TIMEOUT = 50.0
@@ -420,9 +426,14 @@ class LocalCommunicator(Communicator):
 class MPICommunicator(Communicator):
     """Base of the algorithms that run over an mpi4py communicator.
 
-    Subclasses implement ``_allreduce_sum(comm, flat)`` — an in-place sum of a flat float32
-    NumPy array over ``comm`` (one of the two duplicates), identical bits on every rank.
-    CuPy buffers are staged through host memory (MPICH's wheel is not CUDA-aware).
+    Subclasses implement ``_allreduce_sum(comm, flat, stage=NO_STAGE)`` — an in-place sum of a
+    flat float32 NumPy array over ``comm`` (one of the two duplicates), identical bits on every
+    rank — calling ``stage.ready(lo, hi)`` before they first read a range and
+    ``stage.publish(lo, hi)`` once a range holds its final sum (:mod:`.staging`). CuPy buffers
+    are reduced in a pinned host mirror that way, copied in chunks that overlap the transfers
+    (MPICH's wheel is not CUDA-aware); NumPy buffers are reduced where they are, with
+    :data:`~.staging.NO_STAGE` (unless ``CAFFE_COMM_STAGING=emulate``). ``_stage_order(count)``
+    gives the order in which the algorithm needs the ranges (None: ascending).
 
     Args:
         comm: an mpi4py communicator (default ``MPI.COMM_WORLD``); it is duplicated twice.
@@ -435,6 +446,7 @@ class MPICommunicator(Communicator):
             raise CaffeError(f"communicator '{self.name}' needs mpi4py "
                              "(pip install mpich mpi4py)")
         self.MPI = MPI
+        self.staging = staging.Staging()   # CAFFE_COMM_STAGING (checked before MPI is touched)
         comm = MPI.COMM_WORLD if comm is None else comm
         super().__init__(comm.Get_rank(), comm.Get_size(), timeout)
         self.comm = comm.Dup()          # blocking operations, on the caller's thread
@@ -456,22 +468,34 @@ class MPICommunicator(Communicator):
         return WATCHDOG.watch(f"{what} ({self.name})", self.timeout, self.rank, self.size)
 
     # -- the interface -----------------------------------------------------------------------
-    def _run_allreduce(self, comm, buf, op):
+    def _run_allreduce(self, comm, buf, op, ready=None):
+        """``buf`` summed (or averaged) over ``comm``; a device buffer through its stager.
+        ``ready``: the compute stream's event after the gradients were written (CuPy)."""
         flat = check_buffer(buf)
         if self.size == 1 or flat.size == 0:
             return buf
-        host = flat.get() if _is_cupy(flat) else flat
+        stager = self.staging.stager_for(id(comm), flat)
+        if stager is not None:
+            scale = numpy.float32(1.0 / self.size) if op == "mean" else None
+            with self._watch(f"allreduce of {flat.size * 4} bytes"):
+                with stager.begin(flat, ready, self._stage_order(flat.size)) as transfer:
+                    self._allreduce_sum(comm, transfer.host, transfer)
+                    transfer.finish(scale)
+            return buf
         with self._watch(f"allreduce of {flat.size * 4} bytes"):
-            self._allreduce_sum(comm, host)
+            self._allreduce_sum(comm, flat)
         if op == "mean":
-            host *= numpy.float32(1.0 / self.size)
-        if host is not flat:
-            flat.set(host)
+            flat *= numpy.float32(1.0 / self.size)
         return buf
+
+    def _stage_order(self, count):
+        """The (lo, hi) ranges of a staged buffer in the order the algorithm first reads them
+        (None: ascending)."""
+        return None
 
     def allreduce_(self, buf, op="sum"):
         _check_op(op)
-        return self._run_allreduce(self.comm, buf, op)
+        return self._run_allreduce(self.comm, buf, op, staging.compute_ready(buf))
 
     def allreduce_async_(self, buf, op="sum"):
         _check_op(op)
@@ -481,8 +505,9 @@ class MPICommunicator(Communicator):
         if self._progress is None:
             self._progress = _ProgressThread(f"caffe-comm-{self.name}")
         handle = Handle(buf)
-        return self._progress.submit(lambda: self._run_allreduce(self._async_comm, buf, op),
-                                     handle)
+        ready = staging.compute_ready(buf)      # on the caller's thread, at launch
+        return self._progress.submit(
+            lambda: self._run_allreduce(self._async_comm, buf, op, ready), handle)
 
     def _run_compressed(self, comm, buf, compressor, op):
         what = (f"compressed allreduce ({compressor.settings.method}) of "
@@ -536,7 +561,7 @@ class MPICommunicator(Communicator):
                 c.Free()
         self.comm = self._async_comm = None
 
-    def _allreduce_sum(self, comm, flat):
+    def _allreduce_sum(self, comm, flat, stage=NO_STAGE):
         raise NotImplementedError
 
 

@@ -35,6 +35,10 @@ for its pieces (receives posted ``window`` chunks ahead), adds them, allreduces 
 lane and sends the result to the node without waiting, so one chunk's all-gather overlaps the
 next chunk's reduce-scatter and inter-node allreduce.
 
+Device (CuPy) buffers (:mod:`.staging`): each chunk is waited for in the pinned host mirror just
+before it is used (its pieces are sent as soon as their copies have landed, not all at once),
+and each slice's result goes back to the device as soon as it is final.
+
 Cost per allreduce of n bytes (alpha-beta: a message of b bytes costs alpha + b beta; _l within
 a node, _g on a node's link), N nodes of K ranks, L lanes, one chunk:
 
@@ -66,6 +70,7 @@ from ..errors import CaffeError
 from .communicator import MPICommunicator
 from .registry import register
 from .ring import RingCommunicator, ring_segments
+from .staging import NO_STAGE
 from .tree import TreeCommunicator, chunk_bounds
 
 TAG_UP = 41
@@ -316,16 +321,27 @@ class HierarchicalCommunicator(MPICommunicator):
         super().close()
 
     # -- the algorithm -----------------------------------------------------------------------
-    def _allreduce_sum(self, comm, flat):
+    def _allreduce_sum(self, comm, flat, stage=NO_STAGE):
         MPI = self.MPI
         F = MPI.FLOAT
         chunks = [slice_bounds(lo, hi, self.lanes)
                   for lo, hi in chunk_bounds(flat.size, self.chunk_elems)]
         mine, owners = self.lane, self.owners
         others = [m for m in self.members if m != self.rank]
-        # (1) every piece that another rank owns goes out at once, in chunk order per owner
-        up = [{s: comm.Isend([flat[lo:hi], F], dest=owners[s], tag=TAG_UP)
-               for s, (lo, hi) in enumerate(sl) if s != mine} for sl in chunks]
+        up = []
+
+        def send_up(c):                 # (1) chunk c's pieces that another rank owns
+            up.append({s: comm.Isend([flat[lo:hi], F], dest=owners[s], tag=TAG_UP)
+                       for s, (lo, hi) in enumerate(chunks[c]) if s != mine})
+
+        def span(c):
+            return chunks[c][0][0], chunks[c][-1][1]
+
+        # (1) every piece that is on the host goes out at once (a host buffer: all of them), in
+        # chunk order per owner; a staged device buffer's later chunks as their copies land
+        while len(up) < len(chunks) and stage.poll(*span(len(up))):
+            send_up(len(up))
+        landing = []                    # staged: (request, lo, hi) of the results to receive
         inner_comm = None
         if self._inner is not None:     # the lane's duplicate that matches ``comm``'s stream
             inner_comm = self._inner.comm if comm is self.comm else self._inner._async_comm
@@ -347,6 +363,10 @@ class HierarchicalCommunicator(MPICommunicator):
                 post(c)
         down = []
         for c, sl in enumerate(chunks):
+            if stage.staged:
+                stage.ready(*span(c))
+                while len(up) <= c or (len(up) < nchunks and stage.poll(*span(len(up)))):
+                    send_up(len(up))
             if mine is not None:
                 lo, hi = sl[mine]
                 seg = flat[lo:hi]
@@ -361,14 +381,21 @@ class HierarchicalCommunicator(MPICommunicator):
                     self._inner._allreduce_sum(inner_comm, seg)
                 for m in others:                          # (3) to the rest of the node
                     down.append(comm.Isend([seg, F], dest=m, tag=TAG_DOWN))
+                stage.publish(lo, hi)                     # final: back to the device
             for s, req in up[c].items():                  # (3) the other slices' results
                 req.Wait()                                # the piece is about to be overwritten
                 lo, hi = sl[s]
                 down.append(comm.Irecv([flat[lo:hi], F], source=owners[s], tag=TAG_DOWN))
+                if stage.staged:
+                    landing.append((down[-1], lo, hi))
+            while landing and landing[0][0].Test():       # staged: results that have landed
+                stage.publish(*landing.pop(0)[1:])
             if len(down) > 64:                            # keep the request list short
                 MPI.Request.Waitall(down[:32])
                 del down[:32]
         MPI.Request.Waitall(down)
+        for _, lo, hi in landing:
+            stage.publish(lo, hi)
 
     def __repr__(self):
         return (f"<{type(self).__name__} hier:{self.inter} rank {self.rank} of {self.size}, "

@@ -4,9 +4,13 @@ The reference point for the hand-written algorithms: MPICH picks recursive doubl
 buffers and Rabenseifner's reduce-scatter + all-gather for long ones. The MPI standard advises
 (but does not require) that every rank gets the same bits; MPICH's built-in algorithms for
 commutative operations do, and tests/parallel checks it.
+
+Device (CuPy) buffers (:mod:`.staging`) go whole: staged in chunks, then one ``MPI_Allreduce``
+(cutting it per chunk could change MPICH's algorithm, and so the bits), then copied back.
 """
 from .communicator import MPICommunicator
 from .registry import register
+from .staging import NO_STAGE
 
 
 @register("mpi")
@@ -23,6 +27,8 @@ class MPIAllreduceCommunicator(MPICommunicator):
     def __init__(self, comm=None, timeout=None):
         super().__init__(comm, timeout)
 
-    def _allreduce_sum(self, comm, flat):
+    def _allreduce_sum(self, comm, flat, stage=NO_STAGE):
         MPI = self.MPI
+        stage.ready(0, flat.size)
         comm.Allreduce(MPI.IN_PLACE, [flat, MPI.FLOAT], op=MPI.SUM)
+        stage.publish(0, flat.size)

@@ -20,6 +20,10 @@ s, which needs only what this rank already sent in (a).
 Summation order: own + child_1 + child_2 + ... per rank, leaves first — the same on every run.
 Only the root's sum travels down, so every rank ends with the root's bits.
 
+Device (CuPy) buffers (:mod:`.staging`): chunk c's copy to the pinned host mirror is waited
+for in (a), just before it is first read, and its final sum goes back to the device in (b),
+while the later chunks are still in the tree.
+
 All transfers are MPI point-to-point (Isend / Irecv / Recv) on the communicator's own duplicate;
 messages between two ranks on one tag never overtake each other (MPI's ordering rule), so one tag
 per direction is enough.
@@ -28,6 +32,7 @@ import numpy
 
 from .communicator import MPICommunicator
 from .registry import register
+from .staging import NO_STAGE
 
 TAG_UP = 11
 TAG_DOWN = 12
@@ -119,7 +124,7 @@ class TreeCommunicator(MPICommunicator):
         self.depth = tree_depth(self.size, self.branching)
         self.lag = 2 * self.depth + 1 if lag is None else int(lag)
 
-    def _allreduce_sum(self, comm, flat):
+    def _allreduce_sum(self, comm, flat, stage=NO_STAGE):
         MPI = self.MPI
         F = MPI.FLOAT
         bounds = chunk_bounds(flat.size, self.chunk_elems)
@@ -148,6 +153,7 @@ class TreeCommunicator(MPICommunicator):
             if c < nchunks:                               # (a) reduce chunk c
                 lo, hi = bounds[c]
                 seg = flat[lo:hi]
+                stage.ready(lo, hi)                       # a device chunk: its copy is done
                 if children:
                     for j, req in enumerate(pending.pop(c)):
                         req.Wait()
@@ -166,6 +172,7 @@ class TreeCommunicator(MPICommunicator):
                     comm.Recv([seg, F], source=parent, tag=TAG_DOWN)
                 for child in children:
                     down.append(comm.Isend([seg, F], dest=child, tag=TAG_DOWN))
+                stage.publish(lo, hi)                     # final: back to the device
                 if len(down) > 64:                        # keep the request list short
                     MPI.Request.Waitall(down[:32])
                     del down[:32]
