@@ -256,6 +256,30 @@ def _gpu_ids(spec, what=None):
     return ids
 
 
+def _rank_gpu(ctx, gpus):
+    """The device of this rank among ``gpus``, one per rank: the NCCL communicator's own choice
+    (``comm.nccl.choose_device``: ``CAFFE_NCCL_DEVICE`` or the rank's place on its machine),
+    else round robin by the rank's place on its machine (an ``MPI_COMM_TYPE_SHARED`` split), so
+    ranks 4..7 of a second 4-GPU machine take its GPUs 0..3.
+
+    Raises:
+        CaffeError: the NCCL communicator's device is not among ``gpus``.
+    """
+    chosen = getattr(ctx.comm, "device", None)
+    if chosen is not None:
+        if chosen not in gpus:
+            raise CaffeError(f"--gpu={','.join(map(str, gpus))}: the NCCL communicator of rank "
+                             f"{ctx.rank} uses GPU {chosen}, not one of these")
+        return chosen
+    mpi_comm = getattr(ctx.comm, "comm", None)
+    local_rank = ctx.rank
+    if mpi_comm is not None:
+        local = mpi_comm.Split_type(ctx.comm.MPI.COMM_TYPE_SHARED, key=ctx.rank)
+        local_rank = local.Get_rank()
+        local.Free()
+    return gpus[local_rank % len(gpus)]
+
+
 def _use_gpu(device):
     backend.set_device(device)
     backend.set_mode_gpu()
@@ -350,8 +374,8 @@ def _train(flags, ctx):
         logger.info("Use CPU.")
         backend.set_mode_cpu()
     else:
-        if ctx is not None and len(gpus) > 1:  # one device per rank, round robin
-            gpus = [gpus[ctx.rank % len(gpus)]]
+        if ctx is not None and ctx.size > 1:
+            gpus = [_rank_gpu(ctx, gpus)]
         if len(gpus) > 1:
             raise CaffeError(f"--gpu={gpu}: several GPUs in one process are not supported; "
                              "run one process per GPU under mpiexec")
