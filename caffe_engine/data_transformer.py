@@ -21,6 +21,9 @@ stream: ``mirror = word % 2`` (only when ``mirror``), then ``h_off = word % (H -
 The arithmetic is the kernel set's ``transform`` (:mod:`caffe_engine.kernels`: one pass over
 the batch with the compiled kernels, crop windows and column-reversed views with the reference
 ones); elementwise it is exactly Caffe's per-pixel loop ``(x - mean) * scale`` in float32.
+:meth:`DataTransformer.plan` is the host half (checks and random draws, in Caffe's order) and
+:meth:`TransformPlan.run` the arithmetic, so the Data layer can draw on its loading thread and
+run the arithmetic on the device (:mod:`caffe_engine.io.staging`).
 """
 import logging
 
@@ -28,6 +31,7 @@ import numpy
 
 from . import kernels
 from . import rng as caffe_rng
+from .backend import get_array_module
 from .errors import CaffeError
 from .proto.caffe_pb2 import TRAIN
 
@@ -189,6 +193,43 @@ class DataTransformer:
                     params[i, 2] = self._rand(width - crop + 1)
         return params
 
+    def plan(self, shape):
+        """Check a batch of records of ``shape`` and draw its random crops and mirrors: the
+        host half of :meth:`transform` (the draws, in Caffe's order; ``last_params`` is set).
+        The arithmetic is :meth:`TransformPlan.run`, on the host or on the device.
+
+        Args:
+            shape: (N, C, H, W) of the records.
+
+        Returns:
+            TransformPlan.
+
+        Raises:
+            the ``error`` exception: not 4-D, the records are smaller than the crop, or the
+            mean does not match them.
+        """
+        if len(shape) != 4:
+            raise self.error("the transformer takes (N, C, H, W) records, got shape "
+                             f"{tuple(shape)}")
+        n, c, h, w = (int(d) for d in shape)
+        _, out_h, out_w = self.output_shape(c, h, w)
+        mean = self._check_mean(c, h, w)
+        params = self.draw_params(n, h, w)
+        self.last_params = params
+        return TransformPlan(self, (n, c, out_h, out_w), params, mean, self.scale)
+
+    def mean_like(self, mean, out):
+        """``mean`` (a host array from :meth:`plan`, or None) on ``out``'s device: itself for
+        NumPy, a device copy made once per shape otherwise (the first use copies it)."""
+        xp = get_array_module(out)
+        if mean is None or xp is numpy:
+            return mean
+        cache = self.__dict__.setdefault("_device_means", {})
+        key = (xp.__name__, mean.shape)
+        if key not in cache:
+            cache[key] = xp.asarray(numpy.ascontiguousarray(mean, dtype=numpy.float32))
+        return cache[key]
+
     def transform(self, batch):
         """Transform a batch of records.
 
@@ -203,20 +244,14 @@ class DataTransformer:
             match them.
         """
         batch = numpy.asarray(batch)
-        if batch.ndim != 4:
-            raise self.error(f"the transformer takes (N, C, H, W) records, got shape {batch.shape}")
-        n, c, h, w = batch.shape
-        _, out_h, out_w = self.output_shape(c, h, w)
-        mean = self._check_mean(c, h, w)
-        params = self.draw_params(n, h, w)
-        self.last_params = params
-
-        out = numpy.empty((n, c, out_h, out_w), numpy.float32)
-        kernels.for_array(batch).transform(batch, out, params, mean, self.scale)
+        plan = self.plan(batch.shape)
+        out = numpy.empty(plan.out_shape, numpy.float32)
+        plan.run(batch, out)
         return out
 
-    def transform_datums(self, datums):
-        """Transform a list of ``caffe_pb2.Datum`` records of one shape into (N, C, H', W') float32.
+    def stack_datums(self, datums):
+        """The raw values of ``caffe_pb2.Datum`` records of one shape: (N, C, H, W), uint8
+        (``data``) or float32 (``float_data``), untransformed.
 
         Raises:
             the ``error`` exception: a record is invalid (see :func:`datum_to_array`) or differs
@@ -228,8 +263,42 @@ class DataTransformer:
             if a.shape != first:
                 raise self.error(f"record {i} of the batch has shape {a.shape}, the first {first}; "
                                  "all records of a batch must have one shape")
-        return self.transform(numpy.stack(arrays))
+        return numpy.stack(arrays)
+
+    def transform_datums(self, datums):
+        """Transform a list of ``caffe_pb2.Datum`` records of one shape into (N, C, H', W') float32.
+
+        Raises:
+            the ``error`` exception: a record is invalid (see :func:`datum_to_array`) or differs
+            in shape from the first.
+        """
+        return self.transform(self.stack_datums(datums))
 
     def transform_datum(self, datum):
         """Transform one Datum into a (C, H', W') float32 array."""
         return self.transform_datums([datum])[0]
+
+
+class TransformPlan:
+    """One batch's transform as :meth:`DataTransformer.plan` drew it on the host.
+
+    Attributes:
+        out_shape: (N, C, H', W') of the result.
+        params: int64 (N, 3) ``[mirror, h_off, w_off]`` per image (host).
+        mean: None, float32 (C, H, W) or (C, 1, 1) (host).
+        scale: float32.
+    """
+
+    __slots__ = ("transformer", "out_shape", "params", "mean", "scale")
+
+    def __init__(self, transformer, out_shape, params, mean, scale):
+        self.transformer = transformer
+        self.out_shape, self.params, self.mean, self.scale = out_shape, params, mean, scale
+
+    def run(self, batch, out, params=None):
+        """Write the transformed ``batch`` (N, C, H, W) into ``out`` (:attr:`out_shape`,
+        float32) with the kernel set of ``out``'s device (``transform``); ``params``: this
+        plan's, or the same values already on the device (int32 (N, 3))."""
+        mean = self.transformer.mean_like(self.mean, out)
+        kernels.for_array(out).transform(batch, out, self.params if params is None else params,
+                                         mean, self.scale)

@@ -31,6 +31,14 @@ the walk over those failing words (about 1.2%) is a Python loop, which fixes whi
 a try and which are a wedge test's uniform. The rare tries that need more (strip 0, or a uniform
 that rounds to 1) run scalar from their exact word. Words drawn past the last value are kept
 for the next draw, so the stream position is always Caffe's.
+
+On the GPU (Caffe: ``caffe_gpu_rng_uniform``, curand): Dropout's masks come from a *device
+stream* (:func:`device_stream`), one per process and device, seeded with the host stream's seed
+and restarted by :func:`set_random_seed`, as Caffe seeds its curand generator
+(``curandSetPseudoRandomGeneratorSeed`` + offset 0, ``CURAND_RNG_PSEUDO_DEFAULT``). Nothing else
+draws from it; the host stream is then not advanced by dropout. The *exact mode* (:func:`exact_rng`: ``CAFFE_ENGINE_EXACT_RNG=1`` or :func:`set_exact_rng`) keeps
+the host mt19937 bernoulli masks on the GPU too (copied to the device), so a GPU run draws
+exactly what a CPU run (and CPU Caffe) draws. On NumPy arrays the host stream is always used.
 """
 import os
 import time
@@ -601,14 +609,87 @@ class CaffeRNG:
         return (self.words(n).astype(dtype) <= threshold).astype(numpy.uint8)
 
 
-_global = {"rng": CaffeRNG()}
+_global = {"rng": CaffeRNG(), "exact": None, "device": {}}
+
+#: The environment switch of :func:`exact_rng` ("1": on; unset, "" or "0": off).
+EXACT_RNG_ENV = "CAFFE_ENGINE_EXACT_RNG"
 
 
 def set_random_seed(seed):
-    """Reseed the process-wide stream (Caffe::set_random_seed); ``seed < 0``: from the clock."""
+    """Reseed the process-wide stream (Caffe::set_random_seed); ``seed < 0``: from the clock.
+
+    The device streams (:func:`device_stream`) restart from the new seed too."""
     _global["rng"] = CaffeRNG(seed)
+    _global["device"] = {}
 
 
 def get_rng():
     """The process-wide stream that fillers, data layers and dropout draw from."""
     return _global["rng"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The GPU: the exact mode and the device stream
+# ------------------------------------------------------------------------------------------------
+def exact_rng():
+    """Whether the Caffe-exact mode is on: GPU runs then draw Dropout's masks from the host
+    mt19937 stream (bit-identical to a CPU run, one host-to-device copy of the mask per
+    forward) instead of the device stream. Set by :func:`set_exact_rng`, else by the
+    environment variable ``CAFFE_ENGINE_EXACT_RNG`` (``1``: on; unset, empty or ``0``: off)."""
+    if _global["exact"] is not None:
+        return _global["exact"]
+    return os.environ.get(EXACT_RNG_ENV, "").strip() not in ("", "0")
+
+
+def set_exact_rng(value):
+    """Turn the exact mode on (True) or off (False), or back to the environment's choice
+    (None). Returns the previous setting (True, False or None)."""
+    previous = _global["exact"]
+    _global["exact"] = None if value is None else bool(value)
+    return previous
+
+
+def host_stream_for(xp):
+    """Whether random draws for arrays of module ``xp`` come from the host mt19937 stream:
+    always for NumPy, for CuPy only in the exact mode (:func:`exact_rng`)."""
+    return xp is numpy or exact_rng()
+
+
+class DeviceStream:
+    """Raw 32-bit words drawn where the arrays of ``xp`` live, from ``xp.random.RandomState``.
+
+    On CuPy that is a curand generator of the default kind (XORWOW, Caffe's
+    ``CURAND_RNG_PSEUDO_DEFAULT``) seeded with ``seed`` at offset 0, and :meth:`words` is one
+    ``curandGenerate`` of ``n`` words (Caffe's ``caffe_gpu_rng_uniform(n, unsigned int*)``), so
+    the words are drawn on the device and never cross the bus. On NumPy (the tests) it is
+    NumPy's MT19937 of ``seed``: the same code, other words.
+
+    Args:
+        seed: int in [0, 2**32).
+        xp: the array module (numpy or cupy).
+    """
+
+    def __init__(self, seed, xp):
+        self.seed = int(seed)
+        self.xp = xp
+        self._state = xp.random.RandomState(self.seed)
+
+    def words(self, n):
+        """``n`` uint32 words, shape (n,), an array of ``xp``; the stream moves on by ``n``."""
+        return self._state.randint(0, 1 << 32, size=int(n), dtype=numpy.uint32)
+
+
+def _device_key(xp):
+    cuda = getattr(xp, "cuda", None)
+    return (xp.__name__, cuda.Device().id if cuda is not None else 0)
+
+
+def device_stream(xp):
+    """The process's :class:`DeviceStream` for ``xp``'s current device, made on first use with
+    the host stream's seed (the solver's ``random_seed``; from the clock without one) and made
+    again after :func:`set_random_seed`."""
+    key = _device_key(xp)
+    stream = _global["device"].get(key)
+    if stream is None:
+        stream = _global["device"][key] = DeviceStream(get_rng().seed, xp)
+    return stream

@@ -11,6 +11,12 @@ that batch is forwarded. Reading the layer's ``cursor`` or ``transformer`` (a sn
 a resume) first stops the thread and rewinds both to the first batch not yet forwarded, so what
 is observed is always the synchronous state. The thread holds only a weak reference to its
 layer, stops when the layer is collected or closed, and at interpreter exit.
+
+What the thread queues is a *staged* batch (:mod:`caffe_engine.io.staging`, chosen by the
+tops' device at the first forward): on the CPU the transformed float32 batch, as before; on
+the GPU the raw uint8 records, their crop/mirror draws and the labels, already on their way to
+the device in pinned memory on the staging's own stream; ``forward`` then waits for that copy
+on the device and transforms into the top there.
 """
 import atexit
 import collections
@@ -23,9 +29,9 @@ import weakref
 import numpy
 
 from .. import rng as caffe_rng
-from ..backend import get_array_module
 from ..data_transformer import DataTransformer
 from ..errors import CaffeError
+from ..io.staging import staging_for
 from ..proto import caffe_pb2
 from .base import Layer, register
 
@@ -196,10 +202,13 @@ class DataLayer(Layer):
     (always). Nothing is drawn from the global stream afterwards.
 
     Each instance has its own cursor, so the TRAIN and TEST nets both start at the first record.
-    :meth:`load_batch` does all reading and transforming; the prefetch thread (started by the
-    first ``forward``) calls it ahead of time. Batches, records and random draws are exactly
-    those of loading in ``forward`` (see the module docstring for how ``cursor`` and
-    ``transformer`` stay exact when read).
+    The prefetch thread (started by the first ``forward``) reads the records, draws their crops
+    and mirrors and stages the batch ahead of time (:mod:`caffe_engine.io.staging`: transformed
+    on the thread on the CPU; on the GPU copied raw, uint8, from pinned memory on a stream of
+    its own, with ``data_param.prefetch + 2`` buffers, and transformed on the device in
+    ``forward``); :meth:`load_batch` does the same synchronously, on the host. Batches, records
+    and random draws are exactly those of loading in ``forward`` (see the module docstring for
+    how ``cursor`` and ``transformer`` stay exact when read).
 
     Attributes:
         solver_count, solver_rank: with several solvers each TRAIN instance keeps the records whose
@@ -220,6 +229,7 @@ class DataLayer(Layer):
     min_top = 1
     max_top = 2
     _prefetcher = None
+    _staging = None
 
     def __init__(self, param, phase):
         super().__init__(param, phase)
@@ -257,8 +267,15 @@ class DataLayer(Layer):
             return
         self._prefetcher = None
         pending = prefetcher.stop()
+        self._discard(pending)
         if pending and pending[0].state is not None:
             self._rewind(pending[0].state)
+
+    def _discard(self, pending):
+        """Free the staging slots of loaded entries that will not be forwarded."""
+        for item in pending:
+            if item.batch is not None and self._staging is not None:
+                self._staging.discard(item.batch)
 
     def _prefetch_state(self):
         cursor, transformer = self._cursor, self._transformer
@@ -321,6 +338,22 @@ class DataLayer(Layer):
         return not keep
 
     # -- batches ---------------------------------------------------------------------------------
+    def _read(self):
+        """The next ``batch_size`` records, untransformed: (raw (N, C, H, W) uint8 or float32,
+        labels float32 (N,) or None); advances the cursor."""
+        cursor = self._cursor
+        datums = []
+        for _ in range(self.batch_size):
+            while self._skip():
+                cursor.next()
+            datums.append(self._parse(cursor.value()))
+            cursor.next()
+        raw = self._transformer.stack_datums(datums)
+        label = None
+        if self.output_labels:
+            label = numpy.array([d.label for d in datums], dtype=numpy.float32)
+        return raw, label
+
     def load_batch(self):
         """Read the next ``batch_size`` records and transform them (Caffe's ``load_batch``).
 
@@ -331,25 +364,19 @@ class DataLayer(Layer):
             Batch(data float32 (N, C, H, W) numpy array, label float32 (N,) numpy array or None).
         """
         self._sync()
-        return self._load_batch()
+        raw, label = self._read()
+        return Batch(self._transformer.transform(raw), label)
 
     def _load_batch(self):
-        cursor = self._cursor
-        datums = []
-        for _ in range(self.batch_size):
-            while self._skip():
-                cursor.next()
-            datums.append(self._parse(cursor.value()))
-            cursor.next()
-        data = self._transformer.transform_datums(datums)
-        label = None
-        if self.output_labels:
-            label = numpy.array([d.label for d in datums], dtype=numpy.float32)
-        return Batch(data, label)
+        """Read the next batch, draw its transform and stage it (what the prefetch thread
+        queues): see :mod:`caffe_engine.io.staging`."""
+        raw, label = self._read()
+        return self._staging.stage(raw, label, self._transformer.plan(raw.shape))
 
     def next_batch(self):
-        """The batch the next forward outputs: from the prefetch queue (started on first use),
-        or loaded here when ``data_param.prefetch`` is 0."""
+        """The staged batch the next forward outputs: from the prefetch queue (started on first
+        use), or loaded here when ``data_param.prefetch`` is 0. Needs the staging (made by the
+        first ``forward``)."""
         if self.prefetch <= 0:
             return self._load_batch()
         if self._prefetcher is None:
@@ -359,7 +386,7 @@ class DataLayer(Layer):
             logger.handle(record)
         if item.error is not None:
             # The thread has ended; the next forward starts a new one at the failed batch.
-            self._prefetcher.stop()
+            self._discard(self._prefetcher.stop())
             self._prefetcher = None
             if item.state is not None:
                 self._rewind(item.state)
@@ -367,17 +394,15 @@ class DataLayer(Layer):
         return item.batch
 
     def forward(self, bottom, top):
-        batch = self.next_batch()
-        top[0].reshape(batch.data.shape)
-        xp = get_array_module(top[0].data)
-        top[0].data[...] = xp.asarray(batch.data)
-        if self.output_labels:
-            top[1].reshape(batch.label.shape)
-            top[1].data[...] = xp.asarray(batch.label)
+        if self._staging is None:
+            # The queue holds ``prefetch`` batches, one more is being loaded and one delivered.
+            self._staging = staging_for(top[0].data, slots=max(self.prefetch, 0) + 2)
+        staged = self.next_batch()
+        self._staging.deliver(staged, top[0], top[1] if self.output_labels else None)
 
     def close(self):
         """Stop prefetching and close the database (the layer cannot be forwarded afterwards)."""
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
-            prefetcher.stop()
+            self._discard(prefetcher.stop())
         self._cursor.close()

@@ -26,15 +26,24 @@ import math
 import numpy
 
 from .. import rng as caffe_rng
-from ..backend import get_array_module
 from ..data_transformer import DataTransformer
 from ..errors import CaffeError
+from ..io.staging import staging_for
 from ..proto import caffe_pb2
 from ..io.images import cv_resize_linear, image_to_chw, read_image, read_image_resized  # noqa: F401
 from .base import Layer, register
 from .data import Batch
 
 logger = logging.getLogger("caffe_engine")
+
+
+def _staging(layer, top):
+    """The layer's staging (:mod:`caffe_engine.io.staging`), made for its tops' device on first
+    use. Two slots: the batch is delivered in the forward that staged it."""
+    staging = getattr(layer, "_staging", None)
+    if staging is None:
+        staging = layer._staging = staging_for(top[0].data, slots=2)
+    return staging
 
 
 def caffe_shuffle(items, stream):
@@ -193,6 +202,11 @@ class ImageDataLayer(Layer):
         Returns:
             Batch(data float32 (N, C, H, W) numpy array, label float32 (N,) numpy array).
         """
+        raw, labels = self._read_batch()
+        return Batch(self.transformer.transform(raw), labels)
+
+    def _read_batch(self):
+        """The next ``batch_size`` images, untransformed: (uint8 (N, C, H, W), float32 (N,))."""
         images, labels = [], []
         for _ in range(self.batch_size):
             chw = image_to_chw(self._read(self.lines_id))
@@ -208,20 +222,20 @@ class ImageDataLayer(Layer):
                 self.lines_id = 0
                 if self.shuffle:
                     caffe_shuffle(self.lines, self.prefetch_rng)
-        data = self.transformer.transform(numpy.stack(images))
-        return Batch(data, numpy.asarray(labels, dtype=numpy.float32))
+        return numpy.stack(images), numpy.asarray(labels, dtype=numpy.float32)
 
     def next_batch(self):
         """The batch the next forward outputs (a prefetch thread may replace this)."""
         return self.load_batch()
 
     def forward(self, bottom, top):
-        batch = self.next_batch()
-        top[0].reshape(batch.data.shape)
-        xp = get_array_module(top[0].data)
-        top[0].data[...] = xp.asarray(batch.data)
-        top[1].reshape(batch.label.shape)
-        top[1].data[...] = xp.asarray(batch.label)
+        """Read the next batch, draw its transform on the host and stage it
+        (:mod:`caffe_engine.io.staging`: transformed here on the CPU; on the GPU the uint8
+        images go to the device and are transformed there)."""
+        staging = _staging(self, top)
+        raw, labels = self._read_batch()
+        staged = staging.stage(raw, labels, self.transformer.plan(raw.shape))
+        staging.deliver(staged, top[0], top[1])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -497,6 +511,5 @@ class WindowDataLayer(Layer):
 
     def forward(self, bottom, top):
         batch = self.next_batch()
-        xp = get_array_module(top[0].data)
-        top[0].data[...] = xp.asarray(batch.data)
-        top[1].data[...] = xp.asarray(batch.label)
+        staging = _staging(self, top)
+        staging.deliver(staging.stage(batch.data, batch.label), top[0], top[1])

@@ -5,8 +5,8 @@ python/caffe/pycaffe.py (``_Net_set_input_arrays``).
 """
 import numpy
 
-from ..backend import get_array_module
 from ..data_transformer import DataTransformer
+from ..io.staging import staging_for
 from .base import Layer, register
 
 
@@ -24,6 +24,10 @@ class MemoryDataLayer(Layer):
     :meth:`add_datum_vector` transforms a list of Datum records with transform_param first (Caffe's
     ``AddDatumVector``); array data are never transformed (a transform_param only warns).
 
+    Each forward hands its slice to the staging (:mod:`caffe_engine.io.staging`): copied into
+    the tops on the CPU; on the GPU copied to the device from pinned memory on the staging's
+    stream, labels in the same transfer, the training stream waiting for it on the device.
+
     The transformer is built at setup as in every Caffe data layer, so its InitRand takes one
     word of the global stream when it needs randomness (mirror, or crop in TRAIN).
 
@@ -38,6 +42,7 @@ class MemoryDataLayer(Layer):
 
     exact_num_bottom = 0
     exact_num_top = 2
+    _staging = None
 
     def layer_setup(self, bottom, top):
         p = self.param.memory_data_param
@@ -162,9 +167,11 @@ class MemoryDataLayer(Layer):
         n = self.batch_size
         top[0].reshape((n, self.channels, self.height, self.width))
         top[1].reshape((n, 1, 1, 1))
-        xp = get_array_module(top[0].data)
-        top[0].data[...] = xp.asarray(self.data[self.pos:self.pos + n])
-        top[1].data[...] = xp.asarray(self.labels[self.pos:self.pos + n].reshape(n, 1, 1, 1))
+        if self._staging is None:
+            self._staging = staging_for(top[0].data, slots=2)
+        staged = self._staging.stage(self.data[self.pos:self.pos + n],
+                                     self.labels[self.pos:self.pos + n].reshape(n, 1, 1, 1))
+        self._staging.deliver(staged, top[0], top[1])
         self.pos = (self.pos + n) % self.n
         if self.pos == 0:
             self.has_new_data = False

@@ -17,7 +17,6 @@ from .. import fillers, kernels
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
-from ..rng import get_rng
 from .base import Layer, register
 
 f32 = numpy.float32
@@ -589,11 +588,25 @@ class ThresholdLayer(NeuronLayer):
 
 @register("Dropout")
 class DropoutLayer(NeuronLayer):
-    """Dropout: in TRAIN, ``top = x * mask * scale`` with a fresh Bernoulli mask each forward.
+    """Dropout: in TRAIN, ``top = x * (mask > threshold) * scale`` with a fresh mask each forward.
 
-    ``mask`` keeps each element with probability ``1 - dropout_ratio``; it is drawn from Caffe's
-    global stream as ``bernoulli<double>(1 - ratio)``, one draw per element in memory order, at
-    every TRAIN forward, and kept (uint8, the bottom's shape) for backward. ``scale`` is
+    The mask keeps each element with probability ``1 - dropout_ratio``. Where it comes from is
+    the kernel set's choice (``dropout_mask``, :func:`caffe_engine.kernels.reference.neuron.
+    dropout_mask`); the layer is the same on both devices:
+
+    * on the CPU (NumPy blobs), always, and on the GPU in the exact mode
+      (``CAFFE_ENGINE_EXACT_RNG=1``, :func:`caffe_engine.rng.exact_rng`): Caffe's CPU rule,
+      ``bernoulli<double>(1 - ratio)`` from the global mt19937 stream, one draw per element in
+      memory order at every TRAIN forward; ``mask`` is uint8 0/1, ``threshold`` 0 (on the GPU
+      the mask is copied to the device each forward). Bit-identical to CPU Caffe.
+    * on the GPU otherwise: Caffe's GPU rule (dropout_layer.cu), ``count`` uint32 words drawn
+      on the device from the device stream (seeded with the solver's ``random_seed``, so runs
+      repeat; :func:`caffe_engine.rng.device_stream`), kept where above ``threshold =
+      uint(UINT_MAX * ratio)``. These masks differ from the host stream's (FireCaffe reports
+      the same: dropout is where its streams differ), and the host stream is not advanced by
+      dropout; see docs/reproducibility.md.
+
+    ``mask`` (the bottom's shape) and ``threshold`` are kept for backward. ``scale`` is
     ``1 / (1 - ratio)`` computed in double and stored as float32. In TEST the layer is the
     identity, forward and backward. In place is safe. Shapes: any, top as bottom; float32.
 
@@ -602,16 +615,22 @@ class DropoutLayer(NeuronLayer):
     Raises:
         CaffeError: dropout_ratio outside [0, 1).
 
-    Caffe: src/caffe/layers/dropout_layer.cpp.
+    Caffe: src/caffe/layers/dropout_layer.cpp, dropout_layer.cu.
     """
 
     def layer_setup(self, bottom, top):
         ratio = f32(self.param.dropout_param.dropout_ratio)
         if not 0 <= ratio < 1:
             raise self.error(f"dropout_ratio must be in [0, 1), got {ratio}")
+        self.ratio = ratio
         self.keep_prob = 1.0 - float(ratio)
         self.scale = f32(1.0 / self.keep_prob)
         self.mask = None
+        self.threshold = 0
+
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        self.kernels = kernels.for_array(bottom[0].data)
 
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
@@ -619,10 +638,11 @@ class DropoutLayer(NeuronLayer):
             if top[0] is not bottom[0]:
                 xp.copyto(top[0].data, bottom[0].data)
             return
-        drawn = get_rng().bernoulli(bottom[0].count, self.keep_prob)
-        self.mask = xp.asarray(drawn).reshape(bottom[0].shape)
-        xp.multiply(bottom[0].data, self.mask, out=top[0].data)
-        top[0].data *= self.scale
+        mask, self.threshold = self.kernels.dropout_mask(bottom[0].count, self.ratio,
+                                                         bottom[0].data)
+        self.mask = mask.reshape(bottom[0].shape)
+        self.kernels.dropout_forward(bottom[0].data, self.mask, self.threshold, self.scale,
+                                     top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -632,5 +652,5 @@ class DropoutLayer(NeuronLayer):
             if top[0] is not bottom[0]:
                 xp.copyto(bottom[0].diff, top[0].diff)
             return
-        xp.multiply(top[0].diff, self.mask, out=bottom[0].diff)
-        bottom[0].diff *= self.scale
+        self.kernels.dropout_backward(top[0].diff, self.mask, self.threshold, self.scale,
+                                      bottom[0].diff)

@@ -2,9 +2,17 @@
 
 Caffe: src/caffe/layers/relu_layer.cu (``ReLUForward``: ``x > 0 ? x : x * slope``, so NaN
 gives ``NaN * slope``; ``ReLUBackward``: ``dy * ((x > 0) + (x <= 0) * slope)``) and
-dropout_layer.cu (``y = x * (mask > threshold) * scale`` with a uint32 mask drawn on the
-device).
+dropout_layer.cu (``y = x * (mask > threshold) * scale`` with a uint32 mask, and the gradient
+``dy * scale * (mask > threshold)``). The mask and threshold come from the kernel set's
+``dropout_mask`` (:func:`..reference.neuron.dropout_mask`): device words (uint32, Caffe's GPU
+threshold) in normal GPU runs; a host bernoulli mask (uint8 0/1, threshold 0) in the exact mode,
+which these kernels do not take (:func:`dropout_launchable`), so it runs the reference array
+code on the device. The gradient's order (``dy * scale`` first, as Caffe's .cu) differs from the
+reference's (``dy * mask * scale``, Caffe's .cpp) only where ``dy * scale`` overflows (NaN here,
+0 there, for a dropped element).
 """
+import numpy
+
 from .device import float32, int32
 from .source import Source
 
@@ -54,3 +62,30 @@ def relu_backward(device, x, dy, dx, negative_slope):
     """``dx`` = ``dy`` where ``x > 0``, else ``negative_slope * dy`` (``0 * dy`` for ReLU)."""
     device.launch(SOURCE, "ce_relu_backward", dy.size, int32(dy.size), x, dy, dx,
                   float32(negative_slope))
+
+
+def _unsigned(value):
+    """A kernel's ``unsigned int`` argument: the int32 with the same 32 bits (the launchers
+    take ``numpy.int32``; both pass 4 bytes by value, which the kernel reads as unsigned)."""
+    return numpy.uint32(value).view(numpy.int32)
+
+
+def dropout_launchable(x, mask, y):
+    """Whether the dropout kernels take these arrays: a uint32 ``mask`` of ``x``'s size, all
+    three C-contiguous (``y`` may be ``x``)."""
+    return (mask.dtype == numpy.uint32 and mask.size == x.size == y.size
+            and x.flags.c_contiguous and mask.flags.c_contiguous and y.flags.c_contiguous)
+
+
+def dropout_forward(device, x, mask, threshold, scale, y):
+    """``y = x * (mask > threshold) * scale``: float32 ``x``, ``y``, uint32 ``mask`` (see
+    :func:`dropout_launchable`), ``threshold`` in [0, 2**32), ``scale`` float32."""
+    device.launch(SOURCE, "ce_dropout_forward", x.size, int32(x.size), x, mask,
+                  _unsigned(threshold), float32(scale), y)
+
+
+def dropout_backward(device, dy, mask, threshold, scale, dx):
+    """``dx = dy * scale * (mask > threshold)`` (Caffe's DropoutBackward; ``dx`` may be
+    ``dy``)."""
+    device.launch(SOURCE, "ce_dropout_backward", dy.size, int32(dy.size), dy, mask,
+                  _unsigned(threshold), float32(scale), dx)

@@ -75,3 +75,20 @@ class ReferenceKernels:
     def transform(batch, out, params, mean, scale):
         """The Data layer's crop, mirror, mean and scale: see :func:`.transform.transform`."""
         transform.transform(batch, out, params, mean, scale)
+
+    @staticmethod
+    def dropout_mask(count, ratio, like):
+        """A fresh Dropout mask ``(mask, threshold)`` for arrays like ``like``, kept where
+        ``mask > threshold``: the host mt19937 bernoulli (NumPy; CuPy in the exact mode) or
+        device uint32 words: see :func:`.neuron.dropout_mask`."""
+        return neuron.dropout_mask(count, ratio, like)
+
+    @staticmethod
+    def dropout_forward(x, mask, threshold, scale, y):
+        """``y = x * (mask > threshold) * scale``: see :func:`.neuron.dropout_forward`."""
+        neuron.dropout_forward(x, mask, threshold, scale, y)
+
+    @staticmethod
+    def dropout_backward(dy, mask, threshold, scale, dx):
+        """``dx = dy * (mask > threshold) * scale``: see :func:`.neuron.dropout_backward`."""
+        neuron.dropout_backward(dy, mask, threshold, scale, dx)
