@@ -16,7 +16,10 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
   update rules (normalise, regularise, the rule, ``data -= diff``);
 * ``param_norms(data, diff)`` -> ``(||data||, ||diff||)`` of one learnable param (float32
   scalars; LARC's per-param rates, ``caffe_engine/solvers/larc.py``);
-* ``transform(...)`` -> the Data layer's crop, mirror, mean and scale of a uint8 batch.
+* ``transform(...)`` -> the Data layer's crop, mirror, mean and scale of a uint8 batch;
+* ``dropout_mask(count, ratio, like)`` -> ``(mask, threshold)`` (the host mt19937 stream for
+  NumPy arrays and in exact mode, a device stream on CuPy), ``dropout_forward(x, mask,
+  threshold, scale, y)`` and ``dropout_backward(dy, mask, threshold, scale, dx)``.
 
 The sets:
 
