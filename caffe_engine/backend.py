@@ -5,6 +5,7 @@ on one of their blobs' arrays (Chainer's idiom), so one body serves both devices
 blobs are allocated with is the process-wide mode set by :func:`set_mode_cpu` / :func:`set_mode_gpu`
 (pycaffe's names).
 """
+import contextlib
 import os
 
 import numpy
@@ -112,8 +113,142 @@ def set_multiprocess(value):
     _state["multiprocess"] = bool(value)
 
 
+# ------------------------------------------------------------------------------------------------
+# Host reads: the one way values of an array reach Python
+# ------------------------------------------------------------------------------------------------
+# On the GPU every read of a device value into Python (``float(a)``, ``a.item()``, ``a.get()``,
+# ``if a.any():``) waits for the device to finish all the work queued before it: one such read
+# per layer or per iteration serialises the host and the device. The training loop therefore
+# keeps losses, clipping norms and label checks on the device and reads them through the two
+# helpers below, at display time (see caffe_engine/solvers/solver.py). They count the reads of
+# device arrays, so that tests can bound them; :func:`count_host_reads` also makes NumPy
+# arrays count as device arrays, which is how the CPU-only tests run the device path.
+_reads = {"count": 0, "emulate": 0}
+
+
+def _is_cupy(array):
+    return type(array).__module__.startswith("cupy")
+
+
+def on_device(array):
+    """Whether reading ``array`` on the host is a device round trip: True for CuPy arrays, and
+    for anything else inside :func:`count_host_reads` (the tests' emulation of the device path
+    on NumPy). Code that has a cheaper host-only path (an immediate check instead of a deferred
+    one, a log line every iteration) takes it only when this is False."""
+    return _reads["emulate"] > 0 or _is_cupy(array)
+
+
+def _counted(array):
+    if on_device(array):
+        _reads["count"] += 1
+
+
 def to_numpy(array):
-    """Return ``array`` as a NumPy array (a no-op for NumPy input, a device copy for CuPy)."""
-    if type(array).__module__.startswith("cupy"):
+    """Return ``array`` as a NumPy array (a no-op for NumPy input, a device copy for CuPy);
+    one counted host read when :func:`on_device`."""
+    _counted(array)
+    if _is_cupy(array):
         return array.get()
     return numpy.asarray(array)
+
+
+def host_scalar(array):
+    """The value of a one-element array or scalar as a NumPy scalar of its dtype (a
+    ``numpy.float32`` for a float32 loss; never a Python float, so float32 arithmetic stays
+    float32); one counted host read when :func:`on_device`.
+
+    Raises:
+        ValueError: ``array`` has more than one element.
+    """
+    value = to_numpy(array)
+    if value.size != 1:
+        raise ValueError(f"host_scalar: expected one value, got shape {value.shape}")
+    return value.reshape(())[()]
+
+
+def host_reads():
+    """Host reads of device arrays (:func:`on_device`) counted since the process started."""
+    return _reads["count"]
+
+
+class HostReadCounter:
+    """What :func:`count_host_reads` yields: ``count``, the reads since the block started."""
+
+    def __init__(self):
+        self._start = _reads["count"]
+
+    @property
+    def count(self):
+        return _reads["count"] - self._start
+
+
+@contextlib.contextmanager
+def count_host_reads():
+    """Count host reads inside the block, NumPy arrays included, and run the device path
+    there: inside the block :func:`on_device` is True for every array, so the code takes the
+    branches it takes on a GPU (deferred checks, no per-iteration log reads) on NumPy. The
+    values computed are the same on both paths; only when they are read differs. Yields a
+    :class:`HostReadCounter`. Blocks may nest."""
+    _reads["emulate"] += 1
+    try:
+        yield HostReadCounter()
+    finally:
+        _reads["emulate"] -= 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Deferred checks: errors found on the device, raised when the host next reads anyway
+# ------------------------------------------------------------------------------------------------
+_deferred = {}   # key -> [bad (0-d bool), payload (0-d), make_error]
+
+
+def defer_check(key, bad, payload, make_error):
+    """Record a check computed on the device without reading it.
+
+    Args:
+        key: what the check belongs to (e.g. the layer); checks of one key merge, keeping the
+            payload of the first failure.
+        bad: 0-d bool array (or NumPy bool), True when the check failed.
+        payload: 0-d array with the value the message names (e.g. the first bad label).
+        make_error: callable ``payload value (NumPy scalar) -> exception`` to raise.
+
+    :func:`raise_deferred` reads them back. Off the device (:func:`on_device` False) callers
+    check at once instead; this is the device path.
+    """
+    entry = _deferred.get(key)
+    if entry is None:
+        _deferred[key] = [bad, payload, make_error]
+        return
+    xp = get_array_module(bad, entry[0])
+    entry[1] = xp.where(entry[0], entry[1], payload)
+    entry[0] = xp.logical_or(entry[0], bad)
+    entry[2] = make_error
+
+
+def pending_checks():
+    """Number of deferred checks not yet read back."""
+    return len(_deferred)
+
+
+def raise_deferred():
+    """Read back every deferred check (:func:`defer_check`) and forget them: one counted host
+    read for all the flags together, one more for the payload of the first failure, which is
+    raised (in the order the checks were first recorded). Nothing to do without pending checks.
+
+    Raises:
+        whatever the failing check's ``make_error`` builds (a CaffeError naming the layer).
+    """
+    if not _deferred:
+        return
+    entries = list(_deferred.values())
+    _deferred.clear()
+    xp = get_array_module(*(e[0] for e in entries))
+    flags = to_numpy(xp.stack([xp.asarray(e[0]).reshape(()) for e in entries]))
+    for (bad, payload, make_error), failed in zip(entries, flags):
+        if failed:
+            raise make_error(host_scalar(payload))
+
+
+def discard_deferred():
+    """Forget every pending deferred check unread (a net or test being thrown away)."""
+    _deferred.clear()

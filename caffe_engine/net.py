@@ -451,10 +451,29 @@ class Net:
             raise CaffeError(f"unknown layer '{name}'")
         return self._layer_index[name]
 
-    def forward_from_to(self, start=0, end=None):
-        """Run layers ``start``..``end`` (indices, inclusive) forward; return the summed loss (float32)."""
+    def forward_from_to(self, start=0, end=None, to_host=True):
+        """Run layers ``start``..``end`` (indices, inclusive) forward; return the summed loss.
+
+        Args:
+            to_host: True: the loss as a ``numpy.float32`` (on the GPU one host read, after
+                which the checks the layers deferred are raised: ``backend.raise_deferred``).
+                False: the loss where the blobs are, unread -- a ``numpy.float32`` on the CPU,
+                a 0-d float32 CuPy array on the GPU (the solver's loop, which reads it once per
+                display); deferred checks stay pending.
+
+        The loss is ``sum_j <top_j, diff_j>`` over the loss tops in layer order, accumulated in
+        float32 from 0 (Caffe's Net::ForwardFromTo).
+        """
+        loss = self._forward_loss_on_device(start, end)
+        if not to_host:
+            return loss
+        loss = backend.host_scalar(loss)
+        backend.raise_deferred()
+        return loss
+
+    def _forward_loss_on_device(self, start, end):
         end = len(self.layers) - 1 if end is None else end
-        loss = numpy.float32(0)
+        loss = None
         before, after = self._hooks_of["before_forward"], self._hooks_of["after_forward"]
         for i in range(start, end + 1):
             for hook in before:
@@ -470,8 +489,11 @@ class Net:
             for j, blob in enumerate(top):
                 if layer.loss(j):
                     xp = backend.get_array_module(blob.data)
-                    loss += numpy.float32(float(xp.vdot(blob.data.ravel(), blob.diff.ravel())))
-        return loss
+                    term = xp.vdot(blob.data.ravel(), blob.diff.ravel())
+                    # float32 from 0 as Caffe's ``Dtype loss = 0``: 0 + x first, device value
+                    # on the left so that a CuPy term is never added to a NumPy scalar.
+                    loss = term + numpy.float32(0) if loss is None else loss + term
+        return numpy.float32(0) if loss is None else loss
 
     def share_diff_memory(self):
         """From the next backward on, let blobs whose gradients are not live at the same time
@@ -500,9 +522,10 @@ class Net:
             for hook in after:
                 hook(i)
 
-    def forward_loss(self):
-        """Forward the whole net and return the loss as a float32 scalar (Caffe's Net::Forward)."""
-        return self.forward_from_to(0, len(self.layers) - 1)
+    def forward_loss(self, to_host=True):
+        """Forward the whole net and return the loss (Caffe's Net::Forward): a float32 scalar,
+        or with ``to_host`` False the unread device value (see :meth:`forward_from_to`)."""
+        return self.forward_from_to(0, len(self.layers) - 1, to_host=to_host)
 
     # -- per-layer hooks (Caffe's Net::Callback) ---------------------------------------------
     def add_hook(self, event, callback):
@@ -554,9 +577,10 @@ class Net:
         buckets launch their allreduce here."""
         self.add_hook("after_backward", callback)
 
-    def forward_backward(self):
-        """One forward and one backward pass; returns the float32 loss."""
-        loss = self.forward_loss()
+    def forward_backward(self, to_host=True):
+        """One forward and one backward pass; returns the float32 loss (with ``to_host``
+        False the unread device value, see :meth:`forward_from_to`)."""
+        loss = self.forward_loss(to_host=to_host)
         self.backward_from_to()
         return loss
 

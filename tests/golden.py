@@ -17,6 +17,11 @@ the summed terms*: for ``y = sum_k a_k b_k`` that is ``sum_k |a_k| |b_k|``, for 
 parameters / input), so the magnitudes of every output element are obtained by replaying the
 same pass with the absolute values of the inputs, parameters and top diffs. As a sanity check on
 that replay, a magnitude must never be below the reference value it bounds.
+
+Devices: the replay builds blobs in the current mode (``backend.xp()``), so in GPU mode (the
+``gpu_mode`` fixture, or the ``kernel_set`` fixture's ``cuda``) the case runs on CuPy. Values go
+in through :func:`put` (``xp.asarray`` of the target's module) and come out through
+``backend.to_numpy`` in :func:`compare`; nothing here is NumPy-only.
 """
 import json
 import re
@@ -26,6 +31,7 @@ from pathlib import Path
 import numpy
 from google.protobuf import json_format, text_format
 
+from caffe_engine import backend
 from caffe_engine.blob import Blob
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
@@ -49,6 +55,13 @@ KERNEL_LAYERS = {"Convolution", "Deconvolution", "Pooling", "SPP", "Im2col", "LR
 EXACT_TOPS = {"Accuracy": None, "ArgMax": None, "Pooling": {1}, "Filter": None}
 
 EPS32 = float(numpy.finfo(numpy.float32).eps)
+
+
+def put(target, value):
+    """``target[...] = value`` for a NumPy or CuPy ``target`` (``value`` a host array, list or
+    number; CuPy gets it as ``cupy.asarray``, cast to the target's dtype as NumPy's assignment
+    would)."""
+    target[...] = backend.get_array_module(target).asarray(value, dtype=target.dtype)
 
 
 @lru_cache(maxsize=None)
@@ -100,7 +113,7 @@ class Replay:
             if lp.type == "Parameter" and len(lp.top) == 1 and lp.top[0] in sourced:
                 value = arrays["input/" + lp.top[0]]
                 blob = Blob(value.shape)
-                blob.data[...] = value
+                put(blob.data, value)
                 self.blobs[lp.top[0]] = blob
                 continue
             layer = create_layer(lp, self.phase)
@@ -114,7 +127,7 @@ class Replay:
                     value = arrays["input/" + name]
                     assert blob.shape == value.shape, (
                         f"Input top {name!r}: engine shape {blob.shape}, fixture {value.shape}")
-                    blob.data[...] = value
+                    put(blob.data, value)
             stored = sorted((k for k in arrays if k.startswith(f"param/{lp.name}/")),
                             key=lambda k: int(k.rsplit("/", 1)[1]))
             if stored or layer.blobs:
@@ -124,7 +137,7 @@ class Replay:
             for blob, key in zip(layer.blobs, stored):
                 assert blob.shape == arrays[key].shape, (
                     f"{key}: engine shape {blob.shape}, fixture {arrays[key].shape}")
-                blob.data[...] = arrays[key]
+                put(blob.data, arrays[key])
             self.layers.append((lp, layer, bottoms, tops))
 
     def forward(self):
@@ -144,7 +157,7 @@ class Replay:
             if mode in ("loss", "loss_noforce"):
                 # The loss weight Caffe puts there, which the layer's setup wrote.
                 compare(f"{key} (loss weight set by setup)", blob.diff, value, exact=True)
-            blob.diff[...] = value
+            put(blob.diff, value)
         nograd = set(self.case.get("nograd_inputs", []))
         for lp, layer, bottoms, tops in reversed(self.layers):
             if not bottoms:
@@ -170,8 +183,8 @@ def compare(what, actual, expected, exact=False, magnitude=None):
         exact: require equality (discrete outputs).
         magnitude: same-shape array of summed-term magnitudes (BLAS layers), or None.
     """
-    actual = numpy.asarray(actual)
-    expected = numpy.asarray(expected)
+    actual = backend.to_numpy(actual)
+    expected = backend.to_numpy(expected)
     assert actual.shape == expected.shape, (
         f"{what}: shape {actual.shape}, expected {expected.shape}")
     if exact:
@@ -185,7 +198,7 @@ def compare(what, actual, expected, exact=False, magnitude=None):
     scale = max(1.0, float(numpy.abs(e).max())) if e.size else 1.0
     allowed = ATOL * scale + RTOL * numpy.abs(e)
     if magnitude is not None:
-        mag = numpy.abs(numpy.asarray(magnitude, numpy.float64))
+        mag = numpy.abs(backend.to_numpy(magnitude).astype(numpy.float64))
         assert (mag + allowed >= numpy.abs(e)).all(), f"{what}: BLAS magnitude below |reference|"
         allowed = allowed + BLAS_ULPS * EPS32 * mag
     err = numpy.abs(a - e)
@@ -248,6 +261,7 @@ def check_case(case):
             continue
         checked += 1
     assert checked, f"{case['id']}: nothing compared"
+    backend.raise_deferred()    # checks a device run deferred (labels, indices): none may fail
     return checked
 
 
@@ -289,8 +303,8 @@ def run_failure(failure):
     bottoms = []
     for name, shape in inputs.items():
         blob = Blob(shape)
-        blob.data[...] = (rng.randint(0, 3, shape) if name == "label"
-                          else rng.standard_normal(shape))
+        put(blob.data, rng.randint(0, 3, shape) if name == "label"
+            else rng.standard_normal(shape))
         bottoms.append(blob)
     tops = [Blob() for _ in lp.top]
     layer = create_layer(lp, phase)

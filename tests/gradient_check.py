@@ -15,10 +15,21 @@ weights ``r`` (the top diffs), summed in float64 so that unperturbed outputs can
 over every top, or over top ``top_id`` alone (Caffe's ``top_id``: a MAX pooling mask or an
 exposed recurrent state is not part of the function). Parameter diffs start at zero, as the
 checker requires.
+
+Devices: blobs are made in the current mode, so in GPU mode (the ``gpu_mode`` fixture, the
+``kernel_set`` fixture's ``cuda``) the layer runs on CuPy; values go in through :func:`put` and
+come out through ``backend.to_numpy`` / ``backend.host_scalar``, and the objective and the
+comparison are computed on the host in float64 either way. :func:`gpu_twins` gives a test
+module a GPU-mode twin of each of its gradient checks.
 """
+import functools
+import inspect
+
 import numpy
+import pytest
 from google.protobuf import text_format
 
+from caffe_engine import backend
 from caffe_engine.blob import Blob
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
@@ -27,12 +38,18 @@ STEPSIZE = 1e-2
 THRESHOLD = 1e-3
 
 
+def put(target, value):
+    """``target[...] = value`` for a NumPy or CuPy ``target`` (``value`` a host array, list or
+    number, cast to the target's dtype as NumPy's assignment casts)."""
+    target[...] = backend.get_array_module(target).asarray(value, dtype=target.dtype)
+
+
 def blobs_of(values):
-    """One float32 Blob per array, holding its values (data only)."""
+    """One float32 Blob per array (in the current mode), holding its values (data only)."""
     blobs = []
     for value in values:
         blob = Blob(value.shape)
-        blob.data[...] = value
+        put(blob.data, value)
         blobs.append(blob)
     return blobs
 
@@ -46,7 +63,7 @@ def make_layer(text, bottom_values, seed=0):
     layer.setup(bottoms, tops)
     rng = numpy.random.RandomState(seed)
     for blob in layer.blobs:
-        blob.data[...] = rng.standard_normal(blob.shape)
+        put(blob.data, rng.standard_normal(blob.shape))
     return layer, bottoms, tops
 
 
@@ -88,23 +105,25 @@ def check_gradient(layer, bottoms, tops, check_bottoms, stepsize=STEPSIZE, thres
     def objective():
         layer.reshape(bottoms, tops)
         layer.forward(bottoms, tops)
-        return sum(float(numpy.sum(tops[i].data.astype(numpy.float64) * w))
+        return sum(float(numpy.sum(backend.to_numpy(tops[i].data).astype(numpy.float64) * w))
                    for i, w in weights.items())
 
     for i, t in enumerate(tops):
-        t.diff[...] = weights.get(i, 0)
+        put(t.diff, weights.get(i, 0))
     for blob in layer.blobs:
         blob.diff[...] = 0
     layer.backward(tops, [i in check_bottoms for i in range(len(bottoms))], bottoms)
-    checked = [(f"bottom {i}", bottoms[i], bottoms[i].diff.copy()) for i in check_bottoms]
+    checked = [(f"bottom {i}", bottoms[i], backend.to_numpy(bottoms[i].diff).copy())
+               for i in check_bottoms]
     if params:
-        checked += [(f"param {k}", b, b.diff.copy()) for k, b in enumerate(layer.blobs)]
+        checked += [(f"param {k}", b, backend.to_numpy(b.diff).copy())
+                    for k, b in enumerate(layer.blobs)]
 
     count = 0
     for what, blob, analytic in checked:
         flat = blob.data.reshape(-1)
         for j in range(flat.size):
-            value = flat[j]
+            value = backend.host_scalar(flat[j])      # a numpy.float32 on either device
             if kink - kink_range <= abs(float(value)) <= kink + kink_range:
                 continue
             flat[j] = value + f32(stepsize)
@@ -120,4 +139,51 @@ def check_gradient(layer, bottoms, tops, check_bottoms, stepsize=STEPSIZE, thres
                 f"numeric {estimate}")
             count += 1
     assert count > 0
+    backend.raise_deferred()    # checks a device run deferred (labels, indices): none may fail
     return count
+
+
+def gpu_twins(namespace):
+    """GPU-mode twins of a test module's gradient checks: ``{name + "_gpu": twin}`` for every
+    ``test_*`` function of ``namespace`` (a module's ``globals()``) that runs
+    :func:`check_gradient` (directly or through a module-level helper) and does not take the
+    ``kernel_set`` fixture (whose ``cuda`` parameter runs in GPU mode already). A twin has the
+    test's parameters and marks plus the ``gpu_mode`` fixture (skipped with the reason where
+    CuPy or a device is missing), and runs the test's body unchanged. The CPU tests, their ids
+    and what they run stay as they are. Use at the end of the module:
+    ``globals().update(gpu_twins(globals()))``.
+    """
+    helpers = {name for name, obj in namespace.items() if inspect.isfunction(obj)
+               and obj.__module__ == namespace["__name__"]}
+
+    def runs_check(fn, seen=()):
+        names = set(fn.__code__.co_names)
+        for const in fn.__code__.co_consts:      # nested functions and lambdas
+            if inspect.iscode(const):
+                names |= set(const.co_names)
+        if "check_gradient" in names:
+            return True
+        return any(runs_check(namespace[n], seen + (n,)) for n in names & helpers
+                   if n not in seen and not n.startswith("test_"))
+
+    twins = {}
+    for name, fn in list(namespace.items()):
+        if not (name.startswith("test_") and inspect.isfunction(fn)):
+            continue
+        signature = inspect.signature(fn)
+        if "kernel_set" in signature.parameters or not runs_check(fn):
+            continue
+        twins[name + "_gpu"] = _twin(fn, name + "_gpu", signature)
+    return twins
+
+
+def _twin(fn, name, signature):
+    @functools.wraps(fn)
+    def twin(*args, gpu_mode, **kwargs):
+        return fn(*args, **kwargs)
+    del twin.__wrapped__        # pytest reads the parameters from __signature__
+    twin.__name__ = twin.__qualname__ = name
+    twin.__dict__["pytestmark"] = list(getattr(fn, "pytestmark", []))
+    twin.__signature__ = signature.replace(parameters=list(signature.parameters.values()) + [
+        inspect.Parameter("gpu_mode", inspect.Parameter.KEYWORD_ONLY)])
+    return pytest.mark.gpu(twin)

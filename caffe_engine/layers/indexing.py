@@ -8,17 +8,22 @@ import numpy
 from .. import fillers
 from ..backend import get_array_module
 from ..blob import Blob
+from ._helpers import _check_values
 from .base import Layer, register
 
 f32 = numpy.float32
 
 
 def _int_indices(layer, xp, values, limit, what):
-    """Float index values -> integer array, checked to lie in [0, limit) (truncated like C)."""
-    if values.size and bool(xp.any((values < 0) | (values >= limit))):
-        bad = float(values[(values < 0) | (values >= limit)].ravel()[0])
-        raise layer.error(f"{what} {bad:g} outside [0, {limit})")
-    return values.astype(numpy.int64)
+    """Float index values -> integer array, checked to lie in [0, limit) (truncated like C).
+
+    The check is immediate on the CPU and deferred on the device
+    (:func:`._helpers._check_values`; out-of-range indices then read item 0 until the error is
+    raised)."""
+    bad = (values < 0) | (values >= limit)
+    _check_values((layer, "range"), bad, values,
+                  lambda value: layer.error(f"{what} {float(value):g} outside [0, {limit})"))
+    return xp.where(bad, 0, values).astype(numpy.int64)
 
 
 def _scatter_add(xp, target, indices, values):
@@ -179,8 +184,8 @@ class EmbedLayer(Layer):
         xp = get_array_module(bottom[0].data)
         values = bottom[0].data.reshape(-1)
         idx = _int_indices(self, xp, values, self.k, "embedding index")
-        if bool(xp.any(idx.astype(f32) != values)):
-            raise self.error("non-integer input to an Embed layer")
+        _check_values((self, "integer"), idx.astype(f32) != values, values,
+                      lambda bad: self.error("non-integer input to an Embed layer"))
         return idx
 
     def forward(self, bottom, top):

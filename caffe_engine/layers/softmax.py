@@ -12,6 +12,7 @@ import numpy
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
+from ._helpers import _check_values
 from .base import Layer, create_layer, register
 
 f32 = numpy.float32
@@ -76,12 +77,25 @@ class SoftmaxLayer(Layer):
 
 
 def _label_check(layer, xp, labels, valid, num_classes):
-    """Raise when a non-ignored label is outside [0, num_classes) (Caffe only DCHECKs this)."""
-    bad = valid & ((labels < 0) | (labels >= num_classes))
-    if bool(bad.any()):
-        value = int(labels[bad].ravel()[0])
-        raise layer.error(f"label value {value} outside [0, {num_classes}) "
-                          f"(labels must be integers in 0 .. number of classes - 1)")
+    """Raise when a non-ignored label is outside [0, num_classes) (Caffe only DCHECKs this);
+    return the labels to index with: ignored (``valid`` False) and out-of-range ones set to 0.
+
+    Immediate on the CPU (no label is then out of range); on the device deferred without a
+    host read and raised at the next display, test or pycaffe forward
+    (:func:`._helpers._check_values`), the out-of-range labels indexing class 0 meanwhile.
+
+    Args:
+        labels: int32 array; valid: bool array of its shape, or None (all valid).
+    """
+    in_range = (labels >= 0) & (labels < num_classes)
+    bad = ~in_range if valid is None else valid & ~in_range
+
+    def error(value):
+        return layer.error(f"label value {int(value)} outside [0, {num_classes}) "
+                           f"(labels must be integers in 0 .. number of classes - 1)")
+
+    _check_values(layer, bad, labels, error)
+    return xp.where(in_range if valid is None else valid & in_range, labels, 0)
 
 
 @register("SoftmaxWithLoss")
@@ -162,8 +176,7 @@ class SoftmaxWithLossLayer(Layer):
             valid = xp.ones(labels.shape, bool)
         else:
             valid = labels != self.ignore_label
-        _label_check(self, xp, labels, valid, self.channels)
-        return xp.where(valid, labels, 0), valid
+        return _label_check(self, xp, labels, valid, self.channels), valid
 
     def _normalizer(self, xp, valid):
         mode = self.normalization
@@ -269,8 +282,7 @@ class AccuracyLayer(Layer):
             valid = xp.ones(labels.shape, bool)
         else:
             valid = labels != self.ignore_label
-        _label_check(self, xp, labels, valid, self.channels)
-        labels = xp.where(valid, labels, 0)
+        labels = _label_check(self, xp, labels, valid, self.channels)
         true_score = xp.take_along_axis(scores, labels[:, None, :], axis=1)
         # The true class itself always scores >= itself: subtract it.
         better = (scores >= true_score).sum(axis=1) - 1

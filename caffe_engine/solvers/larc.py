@@ -39,6 +39,7 @@ SolverParameter.
 """
 import numpy
 
+from ..backend import get_array_module
 from ..errors import CaffeError
 from ..log import g
 
@@ -84,18 +85,33 @@ def local_rate(rate, w_norm, g_norm, momentum, eta, policy, trust_ratio="nvcaffe
     Args:
         rate: the solver's rate for this iteration.
         w_norm, g_norm: ``||w||`` and ``||g||`` of the blob (the gradient as the rule will see
-            it before weight decay).
+            it before weight decay): host numbers, or 0-d float32 device arrays.
         momentum: the solver's momentum; eta: ``larc_eta``; policy: "clip" or "scale".
         trust_ratio: "nvcaffe" or "lars" (``larc_trust``); weight_decay: the blob's, for "lars".
+
+    Returns:
+        a ``numpy.float32``, or with device norms a 0-d float32 device array: branch-free
+        (``where``), so that nothing is read back; the values are the same either way.
     """
-    trust = f32(1)
-    if w_norm > 0 and g_norm > 0:
-        if trust_ratio == "lars":
-            trust = f32(f32(f32(eta) * f32(w_norm))
-                        / f32(f32(g_norm) + f32(f32(weight_decay) * f32(w_norm))))
-        else:
-            trust = f32(f32(f32(f32(1) - f32(momentum)) * f32(eta)) * f32(w_norm)) / \
-                f32(g_norm)
-    if policy == "clip":
-        return min(f32(rate), trust)
-    return f32(f32(rate) * trust)
+    w, gn = _f32(w_norm), _f32(g_norm)
+    xp = get_array_module(w, gn)
+    ok = (w > 0) & (gn > 0)
+    # The norms are the left operands (float32 * and + commute exactly): a device value is
+    # never handed to a NumPy scalar's operator.
+    if trust_ratio == "lars":
+        num = w * f32(eta)
+        den = gn + w * f32(weight_decay)
+    else:
+        num = w * f32(f32(f32(1) - f32(momentum)) * f32(eta))
+        den = gn
+    trust = xp.where(ok, num / xp.where(ok, den, f32(1)), f32(1)).astype(f32)
+    rate = f32(rate)
+    if policy == "clip":     # Python's min(rate, trust): trust only when smaller
+        return xp.where(trust < rate, trust, rate).astype(f32)[()]
+    return (trust * rate).astype(f32)[()]
+
+
+def _f32(x):
+    """``x`` as float32 where it is: a host number becomes a ``numpy.float32``, an array
+    (NumPy scalar, device array) is cast without being read."""
+    return x.astype(f32) if hasattr(x, "astype") else f32(x)

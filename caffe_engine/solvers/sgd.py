@@ -20,8 +20,6 @@ with NVCaffe's warm-up ``rampup_interval``/``rampup_lr`` and ``min_lr``), ``mome
 ("scale"), ``larc_eta`` (0.001), ``larc_turbo`` (false) for SGD and Nesterov (``larc.py``: the
 rate of each param is then set from its weight and gradient norms before the fused step).
 """
-import math
-
 import numpy
 
 from .. import backend
@@ -71,29 +69,59 @@ class SGDSolver(Solver):
         self.current_step = self.lr_state.get("current_step", 0)
         return rate
 
-    def clip_gradients(self):
-        """Scale all diffs down when their global L2 norm exceeds ``clip_gradients``."""
+    def clip_gradients(self, display=True):
+        """Scale all diffs down when their global L2 norm exceeds ``clip_gradients`` (Caffe's
+        SGDSolver::ClipGradients: the sum of squares in float32, param by param; its root in
+        double, rounded to float32; scale ``clip / norm`` in float32).
+
+        The norm and the scale are computed where the diffs are, as scalars that are never
+        read to decide anything. On the CPU, as Caffe: the diffs are scaled and the
+        ``Gradient clipping:`` line is logged in every iteration that clips. On the device
+        (``backend.on_device``) every diff is multiplied by the scale, 1 when nothing clips
+        (exact), and the line is logged only in ``display`` iterations that clip, from one host
+        read of (norm, scale).
+        """
         clip = f32(self.param.clip_gradients)
         if clip < 0:
             return
         params = self.net.learnable_params
-        sumsq = f32(0)
+        if not params:
+            return
+        sumsq = None
         for b in params:
             xp = backend.get_array_module(b.diff)
-            sumsq += f32(float(xp.vdot(b.diff.ravel(), b.diff.ravel())))
-        l2norm = f32(math.sqrt(sumsq))
-        if l2norm > clip:
-            scale = f32(clip / l2norm)
-            logger.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
-                        g(l2norm), g(clip), g(scale))
-            for b in params:
-                b.diff *= scale
+            term = xp.vdot(b.diff.ravel(), b.diff.ravel())
+            sumsq = term + f32(0) if sumsq is None else sumsq + term
+        xp = backend.get_array_module(sumsq)
+        l2norm = xp.sqrt(sumsq.astype(numpy.float64)).astype(f32)
+        clipping = l2norm > clip
+        # xp.divide: the host ``clip`` over a device norm (no NumPy-scalar operator on it)
+        scale = xp.where(clipping, xp.divide(clip, xp.where(clipping, l2norm, f32(1))),
+                         f32(1)).astype(f32)
+        if not backend.on_device(l2norm):
+            if clipping:
+                self._log_clipping(l2norm, clip, scale)
+                for b in params:
+                    b.diff *= scale
+            return
+        for b in params:
+            b.diff *= scale
+        if display:
+            norm_h, scale_h = backend.to_numpy(xp.stack([l2norm, scale]))
+            if norm_h > clip:
+                self._log_clipping(norm_h, clip, scale_h)
+
+    @staticmethod
+    def _log_clipping(l2norm, clip, scale):
+        logger.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                    g(f32(l2norm)), g(clip), g(f32(scale)))
 
     def apply_update(self):
         rate = self.get_learning_rate()
-        if self.param.display and self.iter % self.param.display == 0:
+        display = bool(self.param.display and self.iter % self.param.display == 0)
+        if display:
             logger.info("Iteration %d, lr = %s", self.iter, g(rate))
-        self.clip_gradients()
+        self.clip_gradients(display)
         self.hyper.t = self.iter + 1
         kind = self.param.regularization_type
         if kind not in ("L1", "L2"):
@@ -115,11 +143,12 @@ class SGDSolver(Solver):
     def larc_rate(self, i, rate, iter_scale):
         """LARC's rate for learnable param ``i`` this iteration (:func:`.larc.local_rate`):
         the gradient's norm is taken as the rule will see it, after the ``iter_size``
-        normalisation (``iter_scale``), before weight decay."""
+        normalisation (``iter_scale``), before weight decay. The norms may be device scalars
+        (the cuda set's ``param_norms``): the rate is then one too, computed and used unread."""
         blob = self.net.learnable_params[i]
         w_norm, g_norm = self._norms[i](blob.data, blob.diff)
         if iter_scale != 1:
-            g_norm = f32(g_norm * iter_scale)
+            g_norm = g_norm * iter_scale
         decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
         return larc.local_rate(rate, w_norm, g_norm, self.hyper.momentum,
                                self.param.larc_eta, self.param.larc_policy,

@@ -21,6 +21,15 @@ as Caffe's process-wide ``Caffe::solver_rank`` / ``solver_count``): with ``solve
 its train net reads only the records i with i % solver_count == rank (Caffe's
 ``DataLayer::Skip``), and only the root solver (rank 0) logs the display lines, tests and
 snapshots (Caffe's ``Caffe::root_solver()``).
+
+Host reads (GPU mode): an iteration that displays nothing reads no device value. The loss of
+each pass stays where the blobs are (``Net.forward_backward(to_host=False)``: a 0-d CuPy array
+on the GPU, a ``numpy.float32`` on the CPU) and the smoothed loss is updated there in Caffe's
+float32 order; a display iteration reads the smoothed loss and the logged outputs, and raises
+the checks the layers deferred (bad labels, ``backend.raise_deferred``), as does the end of
+every :meth:`Solver.step` and every test. Tests sum their outputs on the device and read the
+means once. Reads go through ``backend.to_numpy`` / ``backend.host_scalar``, which count them
+(``tests/solvers/test_host_reads.py`` bounds them, running the device path on NumPy).
 """
 import os
 import time
@@ -454,9 +463,10 @@ class Solver:
             logger.info("Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = self.net.forward_loss()
+            loss = self.net.forward_loss(to_host=False)
             self._update_smoothed_loss(loss, self._loss_start_iter, p.average_loss)
-            logger.info("Iteration %d, loss = %s", self.iter, g(self.smoothed_loss))
+            backend.raise_deferred()
+            logger.info("Iteration %d, loss = %s", self.iter, g(self._smoothed_on_host()))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self._notify("on_root_done", self)
@@ -465,7 +475,21 @@ class Solver:
     def step(self, iters):
         """Run ``iters`` iterations (Caffe's Solver::Step), calling the callbacks' ``on_test``,
         ``on_start``, ``on_pass``, ``on_gradients_ready``, ``on_update_done``, ``on_snapshot``
-        and ``on_root_done`` on the way (see :class:`SolverCallback`)."""
+        and ``on_root_done`` on the way (see :class:`SolverCallback`).
+
+        No host reads in an iteration that displays nothing: the losses stay where the blobs
+        are (device scalars on the GPU) and are smoothed there; a display iteration reads the
+        smoothed loss, the outputs it logs and the layers' deferred checks
+        (``backend.raise_deferred``), which are read once more when the step ends.
+        """
+        try:
+            self._step(iters)
+        except BaseException:
+            backend.discard_deferred()    # the error in flight is the one to report
+            raise
+        backend.raise_deferred()
+
+    def _step(self, iters):
         p = self.param
         stop_iter = self.iter + iters
         self._start_loss_window()
@@ -491,8 +515,9 @@ class Solver:
                 now = time.perf_counter()
                 lapse = now - last_time
                 per_s = (self.iter - last_iter) / (lapse or 1.0)
+                backend.raise_deferred()
                 logger.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
-                            g(per_s), g(lapse), p.display, g(self.smoothed_loss))
+                            g(per_s), g(lapse), p.display, g(self._smoothed_on_host()))
                 last_iter, last_time = self.iter, now
                 self._log_outputs(self.net, "Train")
             self._notify("on_gradients_ready")
@@ -525,7 +550,7 @@ class Solver:
         p = self.param
         between = (p.iter_size > 1 and not self._events["on_update_done"]
                    and not self.exact_resume and self.action_request_function is not None)
-        loss, snapshot = f32(0), False
+        loss, snapshot = None, False
         for k in range(p.iter_size):
             if k and between:
                 request = self.get_requested_action()
@@ -535,9 +560,12 @@ class Solver:
                     return None, request
                 snapshot = snapshot or request == SolverAction.SNAPSHOT
             self._notify("on_pass", self, k)
-            loss += self.net.forward_backward()
-        return f32(loss / f32(p.iter_size)), (SolverAction.SNAPSHOT if snapshot
-                                              else SolverAction.NONE)
+            # Unread (a device scalar on the GPU); summed in float32 from 0, as Caffe's
+            # ``Dtype loss = 0; loss += net_->ForwardBackward()``, the device value on the left.
+            term = self.net.forward_backward(to_host=False)
+            loss = term + f32(0) if loss is None else loss + term
+        return loss / f32(p.iter_size), (SolverAction.SNAPSHOT if snapshot
+                                         else SolverAction.NONE)
 
     def _log_outputs(self, net, kind, values=None):
         """Caffe's ``    Train net output #k: name = v (* w = wv loss)`` lines."""
@@ -546,6 +574,7 @@ class Solver:
             blob = net.blobs[name]
             weight = f32(net.blob_loss_weights[net.blob_names.index(name)])
             vec = values[name] if values is not None else backend.to_numpy(blob.data).ravel()
+            # (a display iteration: one host read per output blob)
             for v in vec:
                 suffix = f" (* {g(weight)} = {g(weight * f32(v))} loss)" if weight else ""
                 logger.info("    %s net output #%d: %s = %s%s", kind, index, name, g(v), suffix)
@@ -565,23 +594,33 @@ class Solver:
             self._loss_start_iter = self.iter
 
     def loss_window_state(self):
-        """The smoothed-loss window as JSON-able data (for the exact-resume side file)."""
-        return {"losses": [float(x) for x in self.losses], "smoothed": float(self.smoothed_loss),
+        """The smoothed-loss window as JSON-able data (for the exact-resume side file; a
+        snapshot reads the device losses)."""
+        return {"losses": [float(backend.host_scalar(x)) for x in self.losses],
+                "smoothed": float(self._smoothed_on_host()),
                 "start_iter": int(self._loss_start_iter)}
+
+    def _smoothed_on_host(self):
+        """The smoothed loss as a ``numpy.float32`` (one host read on the GPU)."""
+        return f32(backend.host_scalar(self.smoothed_loss))
 
     def set_loss_window_state(self, state):
         """Continue the saved window in the next :meth:`step` instead of starting a new one."""
         self._pending_loss_window = state
 
     def _update_smoothed_loss(self, loss, start_iter, average_loss):
+        """Caffe's UpdateSmoothedLoss, in float32, where ``loss`` is: NumPy float32 scalars on
+        the CPU, 0-d CuPy arrays on the GPU (nothing is read; the device value is the left
+        operand wherever one side may still be a NumPy scalar, and float32 + and * commute
+        exactly, so the values are Caffe's order's)."""
         if len(self.losses) < average_loss:
-            self.losses.append(f32(loss))
+            self.losses.append(loss)
             size = len(self.losses)
-            self.smoothed_loss = f32((self.smoothed_loss * f32(size - 1) + f32(loss)) / f32(size))
+            self.smoothed_loss = (loss + self.smoothed_loss * f32(size - 1)) / f32(size)
         else:
             idx = (self.iter - start_iter) % average_loss
-            self.smoothed_loss = f32(self.smoothed_loss + (f32(loss) - self.losses[idx]) / f32(average_loss))
-            self.losses[idx] = f32(loss)
+            self.smoothed_loss = (loss - self.losses[idx]) / f32(average_loss) + self.smoothed_loss
+            self.losses[idx] = loss
 
     # -- testing ----------------------------------------------------------------------------
     def test_all(self):
@@ -604,6 +643,7 @@ class Solver:
         net.share_trained_layers_with(self.net)
         n = p.test_iter[test_net_id]
         start_state = resume.net_state(net, warn=False) if self.exact_resume else None
+        # Sums stay where the blobs are; read once at the end of the test.
         sums = None
         loss = f32(0)
         for i in range(n):
@@ -616,26 +656,27 @@ class Solver:
                 request = self.get_requested_action()
             if self.requested_early_exit:
                 break
-            iter_loss = net.forward_loss()
+            iter_loss = net.forward_loss(to_host=False)
             if p.test_compute_loss:
-                loss += iter_loss
-            vals = {name: backend.to_numpy(net.blobs[name].data).astype(f32).ravel()
-                    for name in net.outputs}
+                loss = iter_loss + loss
+            vals = {name: net.blobs[name].data.astype(f32).ravel() for name in net.outputs}
             if sums is None:
                 sums = vals
             else:
                 for name in sums:
                     sums[name] += vals[name]
         if self.requested_early_exit:
+            backend.discard_deferred()
             logger.info("Test interrupted.")
             if start_state is not None:  # the resumed run repeats this test from its start
                 resume.set_net_state(net, start_state, f"test net #{test_net_id}")
             return None
+        backend.raise_deferred()
         if p.test_compute_loss:
-            logger.info("Test loss: %s", g(f32(loss / f32(n))))
+            logger.info("Test loss: %s", g(f32(backend.host_scalar(loss / f32(n)))))
         if sums is None:        # test_iter <= 0: nothing was scored, and Caffe logs no output
             return {}
-        means = {name: (s / f32(n)).astype(f32) for name, s in sums.items()}
+        means = {name: backend.to_numpy((s / f32(n)).astype(f32)) for name, s in sums.items()}
         self._log_outputs(net, "Test", means)
         return means
 

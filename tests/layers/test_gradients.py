@@ -6,7 +6,7 @@ are checked on every kernel set (the ``kernel_set`` fixture).
 import numpy
 import pytest
 
-from gradient_check import check_gradient, distinct, gaussian, make_layer
+from gradient_check import check_gradient, distinct, gaussian, gpu_twins, make_layer
 
 
 # -- Convolution -----------------------------------------------------------------------------
@@ -118,3 +118,7 @@ def test_split_sums_top_gradients():
     layer, bottoms, tops = make_layer('name: "s" type: "Split" bottom: "x" top: "a" top: "b" top: "c"',
                                       [gaussian((2, 3, 4))])
     assert check_gradient(layer, bottoms, tops, [0])
+
+
+# GPU mode: each gradient check above once more with the blobs on CuPy (skipped without a device)
+globals().update(gpu_twins(globals()))

@@ -9,12 +9,14 @@ import numpy
 import pytest
 from google.protobuf import text_format
 
+from caffe_engine import backend
 from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.rng import set_random_seed
-from gradient_check import blobs_of, check_gradient, distinct, gaussian, make_layer
+from gradient_check import (blobs_of, check_gradient, distinct, gaussian, gpu_twins,
+                            make_layer, put)
 
 f32 = numpy.float32
 
@@ -46,11 +48,11 @@ def run(layer, bottoms, tops, top_diffs, propagate=None):
     """reshape + forward, set the top diffs, backward; returns (top data, bottom diffs)."""
     layer.reshape(bottoms, tops)
     layer.forward(bottoms, tops)
-    outs = [t.data.copy() for t in tops]
+    outs = [backend.to_numpy(t.data).copy() for t in tops]
     for t, d in zip(tops, top_diffs):
-        t.diff[...] = d
+        put(t.diff, d)
     layer.backward(tops, propagate or [True] * len(bottoms), bottoms)
-    return outs, [b.diff.copy() for b in bottoms]
+    return outs, [backend.to_numpy(b.diff).copy() for b in bottoms]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -585,3 +587,7 @@ def test_scale_param_gradient_accumulates_like_caffe():
     first = layer.blobs[0].diff.copy()
     layer.backward(tops, [True], bottoms)
     numpy.testing.assert_array_equal(layer.blobs[0].diff, first)
+
+
+# GPU mode: each gradient check above once more with the blobs on CuPy (skipped without a device)
+globals().update(gpu_twins(globals()))

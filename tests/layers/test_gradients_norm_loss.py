@@ -19,13 +19,14 @@ import pytest
 from google.protobuf import text_format
 
 import golden
+from caffe_engine import backend
 from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
 from caffe_engine.io.blobproto import write_blobproto
 from caffe_engine.layers import create_layer
 from caffe_engine.net import Net
 from caffe_engine.proto import caffe_pb2
-from gradient_check import blobs_of, check_gradient, gaussian, make_layer
+from gradient_check import blobs_of, check_gradient, gaussian, gpu_twins, make_layer, put
 
 f32 = numpy.float32
 
@@ -68,12 +69,12 @@ def test_lrn_within_channel_by_hand(kernel_set):
         'norm_region: WITHIN_CHANNEL }', [numpy.ones((1, 1, 3, 3), f32)])
     layer.forward(bottoms, tops)
     expected = 1 / (1 + numpy.array([[4, 6, 4], [6, 9, 6], [4, 6, 4]], numpy.float64))
-    numpy.testing.assert_allclose(tops[0].data[0, 0], expected, rtol=1e-6)
+    numpy.testing.assert_allclose(backend.to_numpy(tops[0].data)[0, 0], expected, rtol=1e-6)
     # Twice the input: squares are 4 each, top = 2 / (1 + 4 n).
     bottoms[0].data[...] = 2
     layer.forward(bottoms, tops)
     expected = 2 / (1 + 4 * numpy.array([[4, 6, 4], [6, 9, 6], [4, 6, 4]], numpy.float64))
-    numpy.testing.assert_allclose(tops[0].data[0, 0], expected, rtol=1e-6)
+    numpy.testing.assert_allclose(backend.to_numpy(tops[0].data)[0, 0], expected, rtol=1e-6)
 
 
 def test_lrn_across_channels_by_hand(kernel_set):
@@ -83,7 +84,8 @@ def test_lrn_across_channels_by_hand(kernel_set):
     layer, bottoms, tops = layer_from(
         'type: "LRN" lrn_param { local_size: 3 alpha: 3 beta: 1 k: 1 }', [x])
     layer.forward(bottoms, tops)
-    numpy.testing.assert_allclose(tops[0].data.ravel(), [1 / 6, 2 / 15, 3 / 14], rtol=1e-6)
+    numpy.testing.assert_allclose(backend.to_numpy(tops[0].data).ravel(), [1 / 6, 2 / 15, 3 / 14],
+                                  rtol=1e-6)
 
 
 def test_lrn_rejects_even_size_and_in_place():
@@ -108,9 +110,9 @@ def test_batch_norm_gradient_global_stats():
     layer, bottoms, tops = make_layer(
         'name: "bn" type: "BatchNorm" bottom: "x" top: "y" '
         'batch_norm_param { use_global_stats: true }', [gaussian((2, 3, 2, 2))])
-    layer.blobs[0].data[...] = [0.5, -1.0, 2.0]
-    layer.blobs[1].data[...] = [1.5, 0.2, 3.0]
-    layer.blobs[2].data[...] = 2.0
+    put(layer.blobs[0].data, [0.5, -1.0, 2.0])
+    put(layer.blobs[1].data, [1.5, 0.2, 3.0])
+    put(layer.blobs[2].data, 2.0)
     # The statistics are not learned: Caffe computes no gradient for them.
     check_gradient(layer, bottoms, tops, [0], 1e-2, 1e-4, params=False)
 
@@ -406,3 +408,7 @@ def test_loss_layers_check_the_first_dimension():
         layer, bottoms, tops = layer_from('type: "HingeLoss"',
                                           [gaussian((2, 4)), numpy.float32([0, 4])])
         layer.forward(bottoms, tops)
+
+
+# GPU mode: each gradient check above once more with the blobs on CuPy (skipped without a device)
+globals().update(gpu_twins(globals()))

@@ -11,11 +11,13 @@ import numpy
 import pytest
 from google.protobuf import text_format
 
+from caffe_engine import backend
 from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
-from gradient_check import blobs_of, check_gradient, distinct, gaussian, make_layer
+from gradient_check import (blobs_of, check_gradient, distinct, gaussian, gpu_twins,
+                            make_layer, put)
 
 
 def _layer(text, values, ntop):
@@ -67,7 +69,7 @@ def test_deconvolution_is_the_adjoint_of_convolution(conv, shape, kernel_set):
     x = gaussian(shape, 6)
     c, cb, ct = _layer(f'name: "c" type: "Convolution" convolution_param {{ num_output: 6 '
                        f'bias_term: false {conv} }}', [x], 1)
-    c.blobs[0].data[...] = gaussian(c.blobs[0].shape, 7)
+    put(c.blobs[0].data, gaussian(c.blobs[0].shape, 7))
     c.forward(cb, ct)
     y_shape = ct[0].shape
     y = gaussian(y_shape, 8)
@@ -77,8 +79,8 @@ def test_deconvolution_is_the_adjoint_of_convolution(conv, shape, kernel_set):
     d.blobs[0].data[...] = c.blobs[0].data
     d.forward(db, dt)
     assert dt[0].shape == x.shape
-    lhs = float(numpy.sum(ct[0].data.astype(numpy.float64) * y))
-    rhs = float(numpy.sum(x.astype(numpy.float64) * dt[0].data))
+    lhs = float(numpy.sum(backend.to_numpy(ct[0].data).astype(numpy.float64) * y))
+    rhs = float(numpy.sum(x.astype(numpy.float64) * backend.to_numpy(dt[0].data)))
     assert abs(lhs - rhs) <= 1e-4 * max(1.0, abs(lhs))
 
 
@@ -107,7 +109,7 @@ def test_im2col_layout_matches_a_loop_and_convolution(kernel_set):
     layer, bottoms, tops = _layer(f'name: "i" type: "Im2col" convolution_param {{ {conv} }}',
                                   [x], 1)
     layer.forward(bottoms, tops)
-    col = tops[0].data
+    col = backend.to_numpy(tops[0].data)
     n, c, h, w = x.shape
     oh, ow = col.shape[2:]
     expected = numpy.zeros_like(col)
@@ -123,11 +125,11 @@ def test_im2col_layout_matches_a_loop_and_convolution(kernel_set):
     # Convolution = weights (M, C*kh*kw) times these columns.
     cv, cb, ct = _layer(f'name: "c" type: "Convolution" convolution_param {{ num_output: 4 '
                         f'bias_term: false {conv} }}', [x], 1)
-    cv.blobs[0].data[...] = gaussian(cv.blobs[0].shape, 10)
+    put(cv.blobs[0].data, gaussian(cv.blobs[0].shape, 10))
     cv.forward(cb, ct)
-    via_columns = numpy.einsum("mk,nkp->nmp", cv.blobs[0].data.reshape(4, -1),
+    via_columns = numpy.einsum("mk,nkp->nmp", backend.to_numpy(cv.blobs[0].data).reshape(4, -1),
                                col.reshape(n, col.shape[1], -1))
-    numpy.testing.assert_allclose(ct[0].data.reshape(via_columns.shape), via_columns,
+    numpy.testing.assert_allclose(backend.to_numpy(ct[0].data).reshape(via_columns.shape), via_columns,
                                   rtol=1e-5, atol=1e-5)
 
 
@@ -152,12 +154,13 @@ def test_spp_shapes_and_levels(kernel_set):
                                   [x], 1)
     layer.forward(bottoms, tops)
     assert tops[0].shape == (2, 3 * (1 + 4 + 16))
-    numpy.testing.assert_array_equal(tops[0].data[:, :3], x.max(axis=(2, 3)))
+    numpy.testing.assert_array_equal(backend.to_numpy(tops[0].data)[:, :3], x.max(axis=(2, 3)))
     one, b1, t1 = _layer('name: "s" type: "SPP" spp_param { pyramid_height: 1 pool: AVE }',
                          [x], 1)
     one.forward(b1, t1)
     assert t1[0].shape == (2, 3, 1, 1)
-    numpy.testing.assert_allclose(t1[0].data[:, :, 0, 0], x.mean(axis=(2, 3)), rtol=1e-6)
+    numpy.testing.assert_allclose(backend.to_numpy(t1[0].data)[:, :, 0, 0], x.mean(axis=(2, 3)),
+                                  rtol=1e-6)
     # A new input size rebuilds the levels.
     bottoms[0].reshape((1, 3, 8, 8))
     layer.reshape(bottoms, tops)
@@ -208,7 +211,7 @@ def _recurrent(kind, values, extra="", ntop=1, scale=0.5, seed=14):
     layer, bottoms, tops = _layer(text, values, ntop)
     rng = numpy.random.RandomState(seed)
     for blob in layer.blobs:
-        blob.data[...] = scale * rng.standard_normal(blob.shape)
+        put(blob.data, scale * rng.standard_normal(blob.shape))
     return layer, bottoms, tops
 
 
@@ -282,3 +285,7 @@ def test_recurrent_refuses_gradient_to_cont_and_a_changed_length():
     bottoms[1].reshape((3, 2))
     with pytest.raises(CaffeError, match="timesteps"):
         layer.reshape(bottoms, tops)
+
+
+# GPU mode: each gradient check above once more with the blobs on CuPy (skipped without a device)
+globals().update(gpu_twins(globals()))

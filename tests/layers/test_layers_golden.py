@@ -8,17 +8,22 @@ failure, so it turns into an error the moment the type lands without passing. Ev
 configuration Caffe aborts on (manifest ``failures``) must raise CaffeError. A few behaviours the
 fixtures do not stress (MAX pooling ties, NaN and -inf, on every kernel set; Accuracy ties) are
 checked against straight loops written from Caffe's code.
+
+GPU mode: the ``kernel_set`` fixture's ``cuda`` parameter replays the kernel cases with blobs on
+CuPy, and ``test_every_case_in_gpu_mode`` replays every case and every failure there (the
+``gpu_mode`` fixture; skipped with the reason where CuPy or a device is missing).
 """
 import numpy
 import pytest
 from google.protobuf import text_format
 
 import golden
+from caffe_engine import backend
 from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
 from caffe_engine.layers import create_layer, layer_type_list
 from caffe_engine.proto import caffe_pb2
-from gradient_check import blobs_of
+from gradient_check import blobs_of, put
 
 ALL_CASES = [c for c in golden.manifest()["cases"] if c["kind"] == "layer"]
 LAYER_TYPES = {"Convolution", "Pooling", "InnerProduct", "Input", "ReLU", "Softmax",
@@ -72,6 +77,38 @@ def test_caffe_failure_raises(failure):
         golden.run_failure(failure)
 
 
+@pytest.mark.gpu
+def test_every_case_in_gpu_mode(gpu_mode):
+    """Every manifest case whose layer types exist, and every failure, with blobs on CuPy (the
+    layers' own xp path and the cuda kernel set); the failures' errors may be deferred device
+    checks, raised by ``backend.raise_deferred``. All cases run; the failures are listed."""
+    problems = []
+    ran = 0
+    for case in ALL_CASES:
+        if NET_TYPES[case["id"]] - set(layer_type_list()):
+            continue
+        try:
+            golden.check_case(case)
+            backend.raise_deferred()
+            ran += 1
+        except Exception as exc:  # noqa: BLE001 - collected, reported together below
+            backend.discard_deferred()
+            problems.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:300]}")
+    for failure in golden.failures({f["layer_type"] for f in golden.manifest()["failures"]}):
+        try:
+            golden.run_failure(failure)
+            backend.raise_deferred()
+            problems.append(f"failure {failure['id']}: did not raise")
+        except CaffeError:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"failure {failure['id']}: {type(exc).__name__}: {exc}")
+        finally:
+            backend.discard_deferred()
+    assert ran and not problems, f"{len(problems)} of {len(ALL_CASES)} cases:\n" + \
+        "\n".join(problems)
+
+
 # -- Behaviours the fixtures do not stress, against straight loops written from Caffe's code ----
 def _caffe_max_pool(x, kernel, stride, pad, out_hw):
     """Caffe's MAX pooling loop: running max from -FLT_MAX, strict '>', row-major scan."""
@@ -104,10 +141,11 @@ def test_max_pooling_ties_nan_and_mask(pool, kernel_set):
     layer.forward(bottoms, tops)
     p = layer
     ref_top, ref_mask = _caffe_max_pool(x, p.kernel, p.stride, p.pad, p.out_hw)
-    numpy.testing.assert_array_equal(tops[0].data, ref_top)
-    numpy.testing.assert_array_equal(tops[1].data, ref_mask)
+    numpy.testing.assert_array_equal(backend.to_numpy(tops[0].data), ref_top)
+    numpy.testing.assert_array_equal(backend.to_numpy(tops[1].data), ref_mask)
     # Backward sends each top diff to the recorded index (none where the mask is -1).
-    tops[0].diff[...] = rng.standard_normal(tops[0].shape)
+    top_diff = rng.standard_normal(tops[0].shape).astype(numpy.float32)
+    put(tops[0].diff, top_diff)
     layer.backward(tops, [True], bottoms)
     expected = numpy.zeros(x.shape, numpy.float64)
     n_, c_ = numpy.indices(ref_mask.shape[:2])
@@ -115,8 +153,9 @@ def test_max_pooling_ties_nan_and_mask(pool, kernel_set):
         m = ref_mask[(Ellipsis,) + idx].astype(int)
         ok = m >= 0
         numpy.add.at(expected.reshape(x.shape[0], x.shape[1], -1),
-                     (n_[ok], c_[ok], m[ok]), tops[0].diff[(Ellipsis,) + idx][ok])
-    numpy.testing.assert_allclose(bottoms[0].diff, expected, rtol=1e-6, atol=1e-6)
+                     (n_[ok], c_[ok], m[ok]), top_diff[(Ellipsis,) + idx][ok])
+    numpy.testing.assert_allclose(backend.to_numpy(bottoms[0].diff), expected, rtol=1e-6,
+                                  atol=1e-6)
 
 
 def test_accuracy_ties_count_against_the_prediction():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
+from caffe_engine import backend
 from caffe_engine.errors import CaffeError
 from caffe_engine.io import prototxt as pio
 from caffe_engine.proto import caffe_pb2
@@ -53,14 +54,19 @@ def test_local_rate_matches_the_formula_on_blobs(policy, kernel_set):
              (rng.normal(0, 1, (10,)), np.zeros((10,))),      # no gradient: ||g|| = 0
              (np.zeros((3, 3)), np.zeros((3, 3)))]
     rate, momentum, eta = 0.5, 0.9, 0.02
+    xp = backend.xp()           # CuPy for the ``cuda`` set (GPU mode): norms stay 0-d there
     for w, gr in blobs:
         w, gr = w.astype(f32), gr.astype(f32)
-        wn, gn = kernel_set.param_norms(w, gr)
-        assert type(wn) is f32 and type(gn) is f32
+        wn, gn = kernel_set.param_norms(xp.asarray(w), xp.asarray(gr))
+        got = local_rate(f32(rate), wn, gn, f32(momentum), f32(eta), policy)
+        if xp is np:
+            assert type(wn) is f32 and type(gn) is f32
+            assert type(got) is f32
+        else:
+            assert wn.shape == gn.shape == got.shape == () and got.dtype == f32
+            wn, gn, got = (backend.host_scalar(v) for v in (wn, gn, got))
         np.testing.assert_allclose([wn, gn], [np.linalg.norm(w.astype(np.float64)),
                                               np.linalg.norm(gr.astype(np.float64))], rtol=1e-6)
-        got = local_rate(f32(rate), wn, gn, f32(momentum), f32(eta), policy)
-        assert type(got) is f32
         assert got == pytest.approx(oracle_rate(rate, w, gr, momentum, eta, policy), rel=1e-5)
     # the zero-norm cases: trust 1, so "scale" keeps the rate and "clip" caps it at 1
     assert local_rate(f32(3), f32(0), f32(1), f32(0.9), f32(0.001), "scale") == f32(3)
