@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GLOG_logtostderr", "1")
 
 from caffe_engine import kernels  # noqa: E402
+from cuda_env import cuda_missing  # noqa: E402
 from caffe_engine.log import logger  # noqa: E402
 
 
@@ -45,21 +46,7 @@ def _restore_engine_logger():
     logger.propagate = propagate
 
 
-def _cuda_missing():
-    """Why the cuda kernel set cannot run here (None when it could)."""
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:  # CUDARuntimeError and the like
-        return f"no usable CUDA device ({exc})"
-    return None
-
-
-CUDA_MISSING = _cuda_missing()
+CUDA_MISSING = cuda_missing()
 
 
 def _emulator_missing():

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from caffe_engine.cli import UsageError, parse_flags
+from cuda_env import cuda_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,15 +155,7 @@ def test_sigint_snapshot_effect_during_test(tmp_path):
     assert len(snaps) == 2 and "Optimization stopped early." in log
 
 
-def _cuda_device_present():
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # ImportError, CUDARuntimeError (CuPy without a driver or device)
-        return False
-
-
-@pytest.mark.skipif(_cuda_device_present(), reason="a CUDA device is present")
+@pytest.mark.skipif(cuda_missing() is None, reason="a CUDA device is present")
 def test_gpu_without_cupy_is_a_one_line_error(tmp_path):
     """Without CuPy, or with CuPy but no usable device (CI installs CuPy for the NVRTC
     check), GPU flags end in one line naming CuPy and the device."""

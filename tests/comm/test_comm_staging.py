@@ -20,6 +20,7 @@ from caffe_engine.comm import staging
 from caffe_engine.comm.staging import (NO_STAGE, CupyOps, EmulatedOps, Stager, Staging,
                                        chunk_ranges, mode_from_env)
 from caffe_engine.errors import CaffeError
+from cuda_env import cuda_missing
 
 
 def data(n, seed=0):
@@ -337,19 +338,11 @@ def test_the_installed_cupy_has_the_api_staging_uses():
 
 
 # --------------------------------------------------------------------------------------------
-def _cuda_missing():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:  # ImportError, CUDARuntimeError
-        return f"needs CuPy and a CUDA device ({type(exc).__name__})"
-    return None
 
 
 @pytest.mark.gpu
 def test_cupy_transfer_on_a_gpu():
-    missing = _cuda_missing()
+    missing = cuda_missing()
     if missing:
         pytest.skip(missing)
     import cupy

@@ -13,18 +13,11 @@ import pytest
 from caffe_engine.comm import nccl as nccl_module
 from caffe_engine.comm.nccl import NCCLCommunicator, choose_device
 from caffe_engine.errors import CaffeError
+from cuda_env import cuda_missing
 
 NEED = "communicator 'nccl' needs CuPy with NCCL and a CUDA device"
 
 
-def _cuda_missing():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:  # ImportError, CUDARuntimeError
-        return f"needs CuPy and a CUDA device ({type(exc).__name__})"
-    return None
 
 
 def test_choose_device():
@@ -45,7 +38,7 @@ def test_choose_device():
 
 def test_without_a_device_the_error_is_one_line():
     pytest.importorskip("mpi4py", exc_type=ImportError)
-    missing = _cuda_missing()
+    missing = cuda_missing()
     if missing is None:
         pytest.skip("a CUDA device is present")
     with pytest.raises(CaffeError) as e:

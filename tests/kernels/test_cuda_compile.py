@@ -11,15 +11,9 @@ import re
 import pytest
 
 from caffe_engine.kernels.cuda.source import MODULES, all_sources
+from cuda_env import nvrtc_missing
 
 
-def _nvrtc_missing():
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception as exc:  # ImportError, a missing libnvrtc (RuntimeError/OSError)
-        return f"CuPy's NVRTC cannot be loaded here ({type(exc).__name__}: {exc})"
-    return None
 
 
 def test_every_module_registers_its_source():
@@ -36,7 +30,7 @@ def test_declared_kernels_are_defined_once_and_unique():
         seen |= set(defined)
 
 
-@pytest.mark.skipif(_nvrtc_missing() is not None, reason=str(_nvrtc_missing()))
+@pytest.mark.skipif(nvrtc_missing() is not None, reason=str(nvrtc_missing()))
 def test_every_cuda_source_compiles_for_sm_90():
     from caffe_engine.kernels.cuda.device import compile_check
     results = compile_check("sm_90")
@@ -45,7 +39,7 @@ def test_every_cuda_source_compiles_for_sm_90():
         assert size > 1000, f"{name}.cu gave a cubin of {size} bytes"
 
 
-@pytest.mark.skipif(_nvrtc_missing() is not None, reason=str(_nvrtc_missing()))
+@pytest.mark.skipif(nvrtc_missing() is not None, reason=str(nvrtc_missing()))
 def test_a_broken_source_reports_nvrtc_log():
     from caffe_engine.kernels.cuda.device import compile_check
     from caffe_engine.kernels.cuda.source import Source

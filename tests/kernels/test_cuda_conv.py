@@ -23,6 +23,7 @@ from caffe_engine.kernels.geometry import (ConvGeometry, conv_output_shape,
 from caffe_engine.kernels.reference import conv as reference_conv
 from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
+from cuda_env import nvrtc_missing
 
 pytestmark = pytest.mark.skipif(compiler_missing() is not None,
                                 reason=str(compiler_missing()))
@@ -402,16 +403,9 @@ def test_the_plans_of_one_kernel_set_share_one_workspace(device, monkeypatch):
 
 
 # -- NVRTC ----------------------------------------------------------------------------------------
-def _nvrtc_missing():
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception as exc:  # ImportError, a missing libnvrtc
-        return f"CuPy's NVRTC cannot be loaded here ({type(exc).__name__}: {exc})"
-    return None
 
 
-@pytest.mark.skipif(_nvrtc_missing() is not None, reason=str(_nvrtc_missing()))
+@pytest.mark.skipif(nvrtc_missing() is not None, reason=str(nvrtc_missing()))
 def test_the_conv_source_compiles_for_sm_90():
     from caffe_engine.kernels.cuda.device import compile_check
     [(name, size)] = compile_check("sm_90", [conv.SOURCE])

@@ -25,6 +25,7 @@ from caffe_engine.kernels.cuda import transform as cuda_transform
 from caffe_engine.kernels.cuda.emulator import EmulatedDevice, compiler_missing
 from caffe_engine.kernels.reference.solver import RULES, Hyper
 from caffe_engine.proto import caffe_pb2
+from cuda_env import nvrtc_missing
 
 f32 = numpy.float32
 REF = kernels.get("reference")
@@ -40,13 +41,6 @@ def _gpu_missing():
     return None
 
 
-def _nvrtc_missing():
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception as exc:  # ImportError, a missing libnvrtc
-        return f"CuPy's NVRTC cannot be loaded here ({type(exc).__name__}: {exc})"
-    return None
 
 
 _EMULATED = {}
@@ -209,7 +203,7 @@ def test_step_refuses_what_it_cannot_run(cuda):
              False, 1.0)
 
 
-@pytest.mark.skipif(_nvrtc_missing() is not None, reason=str(_nvrtc_missing()))
+@pytest.mark.skipif(nvrtc_missing() is not None, reason=str(nvrtc_missing()))
 def test_solver_ptx_has_no_multiply_add():
     # the bitwise equality on a GPU needs every product rounded before its sum: the PTX of
     # the solver source must hold only rounded mul/add (ptxas does not fuse .rn operations)

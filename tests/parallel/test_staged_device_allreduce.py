@@ -15,6 +15,7 @@ import pytest
 from caffe_engine.comm import nccl as nccl_module
 from caffe_engine.comm.staging import EmulatedOps, Staging
 from caffe_engine.errors import CaffeError
+from cuda_env import cuda_missing
 
 ALGORITHMS = ["tree", "ring", "ps", "mpi", "hier", "hier:tree"]
 PRIME = 1009
@@ -123,17 +124,9 @@ def test_ring_stages_in_its_own_order(make):
 # --------------------------------------------------------------------------------------------
 # NCCL's start-up errors: the same line on every rank
 # --------------------------------------------------------------------------------------------
-def _cuda_missing():
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:  # ImportError, CUDARuntimeError
-        return f"needs CuPy and a CUDA device ({type(exc).__name__})"
-    return None
 
 
-CUDA_MISSING = _cuda_missing()
+CUDA_MISSING = cuda_missing()
 
 
 def test_nccl_without_a_device_is_the_same_line_on_every_rank(world):
