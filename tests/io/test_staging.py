@@ -8,17 +8,15 @@ import threading
 
 import numpy
 import pytest
-from google.protobuf import text_format
 
 from caffe_engine import rng
 from caffe_engine.blob import Blob
 from caffe_engine.data_transformer import DataTransformer
 from caffe_engine.io import staging as staging_module
-from caffe_engine.io.lmdb_source import write_lmdb
 from caffe_engine.io.staging import ALIGN, DeviceStaging, HostStaging, staging_for
-from caffe_engine.layers import create_layer
 from caffe_engine.layers import data as data_module
 from caffe_engine.proto import caffe_pb2
+from tiny_data import batches, data_layer, make_source
 
 F32 = numpy.float32
 
@@ -307,35 +305,7 @@ def test_discarded_batches_free_their_slots():
 
 
 # -- the Data layer's prefetch thread through the fake device ------------------------------------
-def make_source(tmp_path, count=13, shape=(3, 6, 7)):
-    r = numpy.random.RandomState(0)
-    items = []
-    for i in range(count):
-        datum = caffe_pb2.Datum(channels=shape[0], height=shape[1], width=shape[2],
-                                data=r.randint(0, 256, shape).astype(numpy.uint8).tobytes(),
-                                label=i)
-        items.append((b"%08d" % i, datum.SerializeToString()))
-    write_lmdb(tmp_path / "db", items)
-    return str(tmp_path / "db")
-
-
-def data_layer(source, prefetch):
-    text = (f'name: "d" type: "Data" top: "data" top: "label" transform_param {{ mirror: true '
-            f'crop_size: 4 scale: 0.5 mean_value: 3 mean_value: 5 mean_value: 7 }} '
-            f'data_param {{ source: "{source}" batch_size: 4 backend: LMDB prefetch: {prefetch} }}')
-    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), caffe_pb2.TRAIN)
-    top = [Blob(), Blob()]
-    rng.set_random_seed(77)
-    layer.setup([], top)
-    return layer, top
-
-
-def forward_batches(layer, top, count):
-    out = []
-    for _ in range(count):
-        layer.forward([], top)
-        out.append((top[0].data.copy(), top[1].data.copy()))
-    return out
+MEAN_TRANSFORM = "mirror: true crop_size: 4 scale: 0.5 mean_value: 3 mean_value: 5 mean_value: 7"
 
 
 @pytest.fixture
@@ -352,13 +322,13 @@ def fake_device(monkeypatch):
 @pytest.mark.parametrize("prefetch", [0, 1, 4])
 def test_data_layer_through_the_device_staging_gives_the_host_batches(tmp_path, fake_device,
                                                                       prefetch):
-    source = make_source(tmp_path)
+    source = make_source(tmp_path, 13)
     # The host staging (the real one, made before the fake is in place for this layer).
-    sync, sync_top = data_layer(source, 0)
+    sync, sync_top = data_layer(source, 0, MEAN_TRANSFORM)
     sync._staging = HostStaging()
-    want = forward_batches(sync, sync_top, 10)
-    layer, top = data_layer(source, prefetch)
-    got = forward_batches(layer, top, 10)
+    want = batches(sync, sync_top, 10)
+    layer, top = data_layer(source, prefetch, MEAN_TRANSFORM)
+    got = batches(layer, top, 10)
     staging = fake_device[-1]
     assert staging.slots == prefetch + 2
     copies = [op for op in staging.transfer.log if op[0] == "copy"]
@@ -368,7 +338,7 @@ def test_data_layer_through_the_device_staging_gives_the_host_batches(tmp_path, 
     # Reading the cursor stops the thread, discards what it staged ahead, and rewinds.
     assert layer.cursor.offset == sync.cursor.offset
     assert not any(slot.busy for slot in staging._slots)
-    for (a, la), (b, lb) in zip(forward_batches(layer, top, 5), forward_batches(sync, sync_top, 5)):
+    for (a, la), (b, lb) in zip(batches(layer, top, 5), batches(sync, sync_top, 5)):
         assert a.tobytes() == b.tobytes() and numpy.array_equal(la, lb)
     layer.close()
     sync.close()
@@ -393,16 +363,16 @@ def test_staging_for_cupy_arrays_needs_the_device(monkeypatch):
 @pytest.mark.parametrize("prefetch", [0, 4])
 def test_data_layer_on_the_gpu_gives_the_host_batches(tmp_path, gpu_mode, prefetch):
     import cupy
-    source = make_source(tmp_path)
-    layer, top = data_layer(source, prefetch)            # GPU blobs: the CuPy staging
-    got = [(a.get(), b.get()) for a, b in forward_batches(layer, top, 7)]
+    source = make_source(tmp_path, 13)
+    layer, top = data_layer(source, prefetch, MEAN_TRANSFORM)  # GPU blobs: the CuPy staging
+    got = [(a.get(), b.get()) for a, b in batches(layer, top, 7)]
     assert isinstance(layer._staging, DeviceStaging)
     cupy.cuda.get_current_stream().synchronize()
     from caffe_engine import backend
     backend.set_mode_cpu()
     try:
-        sync, sync_top = data_layer(source, 0)
-        want = forward_batches(sync, sync_top, 7)
+        sync, sync_top = data_layer(source, 0, MEAN_TRANSFORM)
+        want = batches(sync, sync_top, 7)
     finally:
         backend.set_mode_gpu()
     for (a, la), (b, lb) in zip(got, want):
