@@ -6,7 +6,6 @@ line Caffe used, from that folder.
 """
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,19 +15,8 @@ import pytest
 
 from caffe_engine.io.blobproto import proto_to_array
 from caffe_engine.proto import caffe_pb2
+from paths import TRAINING, copy_training_case
 
-TRAINING = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "training"
-
-
-def copy_case(case, tmp_path):
-    dest = tmp_path / "x" / "y" / case
-    shutil.copytree(TRAINING / case, dest)
-    for f in list(dest.glob("*.caffemodel")) + list(dest.glob("*.solverstate")):
-        f.unlink()
-    for f in dest.rglob("*"):
-        f.chmod(0o644)
-    (tmp_path / "data").symlink_to(TRAINING.parent.parent / "data")
-    return dest
 
 
 def train(folder, *flags):
@@ -54,14 +42,14 @@ def load(path, cls):
 
 @pytest.fixture(scope="module")
 def lenet_sgd(tmp_path_factory):
-    folder = copy_case("lenet_sgd", tmp_path_factory.mktemp("lenet_sgd"))
+    folder = copy_training_case("lenet_sgd", tmp_path_factory.mktemp("lenet_sgd"))
     log = train(folder, "--solver=solver.prototxt")
     ref = json.loads((folder / "trajectory.json").read_text())["runs"]["train"]
     return folder, log, ref
 
 
 def test_initial_weights_are_caffes_to_the_byte(tmp_path, monkeypatch):
-    folder = copy_case("lenet_sgd", tmp_path)
+    folder = copy_training_case("lenet_sgd", tmp_path)
     from caffe_engine.solvers import get_solver
     monkeypatch.chdir(folder)
     data = get_solver("solver.prototxt").net.to_proto().SerializeToString()

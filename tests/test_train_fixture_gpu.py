@@ -18,7 +18,6 @@ Skipped with the reason where CuPy or a CUDA device is missing (the ``gpu_mode``
 """
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,20 +27,8 @@ import pytest
 
 from caffe_engine.io.blobproto import proto_to_array
 from caffe_engine.proto import caffe_pb2
+from paths import TRAINING, copy_training_case
 
-TRAINING = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_reference" / "training"
-
-
-def _copy_case(case, tmp_path):
-    """``tmp/x/y/<case>`` without Caffe's snapshots, ``tmp/data`` -> shared/data (README)."""
-    dest = tmp_path / "x" / "y" / case
-    shutil.copytree(TRAINING / case, dest)
-    for f in list(dest.glob("*.caffemodel")) + list(dest.glob("*.solverstate")):
-        f.unlink()
-    for f in dest.rglob("*"):
-        f.chmod(0o644)
-    (tmp_path / "data").symlink_to(TRAINING.parent.parent / "data")
-    return dest
 
 
 def _parse(log):
@@ -61,7 +48,7 @@ def _load(path, cls):
 
 @pytest.mark.gpu
 def test_lenet_sgd_on_the_gpu_follows_caffes_curve(gpu_mode, tmp_path):
-    folder = _copy_case("lenet_sgd", tmp_path)
+    folder = copy_training_case("lenet_sgd", tmp_path)
     run = subprocess.run([sys.executable, "-m", "caffe_engine", "train",
                           "--solver=solver.prototxt", "--gpu=0"], cwd=folder,
                          capture_output=True, text=True, timeout=1200)
