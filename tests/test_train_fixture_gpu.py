@@ -1,4 +1,6 @@
-"""The LeNet training fixture (``lenet_sgd``) trained in GPU mode: ``caffe train --gpu=0``.
+"""The LeNet training fixture (``lenet_sgd``) trained on the cuda kernel set: in GPU mode
+(``caffe train --gpu=0``), and on the CPU through the emulator (``CAFFE_ENGINE_KERNELS=
+cuda-emulated``: the same CUDA sources and plans, run serially; marked slow).
 
 The CPU run (``test_train_fixture.py``) follows Caffe's loss curve closely; on the GPU the
 kernels sum in other orders, so this checks the fixture README's tolerances ("What to match, and
@@ -12,11 +14,14 @@ applies them:
   two BLAS variants stay within 1e-4 of the reference (the smaller of the two), then within
   max(3%, 1.25 x the variants' largest difference);
 * every test output within 0.005 (accuracy) / 0.01 (loss); the final weights within
-  max(5%, 1.5 x the order variant's distance) of the largest weight.
+  max(20%, 1.5 x the variants' largest distance) of each blob's largest weight (the README:
+  Caffe's own variants end "up to 20%" apart for SGD).
 
-Skipped with the reason where CuPy or a CUDA device is missing (the ``gpu_mode`` fixture).
+The GPU case is skipped with the reason where CuPy or a CUDA device is missing (the
+``gpu_mode`` fixture).
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -46,11 +51,29 @@ def _load(path, cls):
     return msg
 
 
-@pytest.mark.gpu
-def test_lenet_sgd_on_the_gpu_follows_caffes_curve(gpu_mode, tmp_path):
+def _emulator_missing():
+    from caffe_engine.kernels.cuda.emulator import compiler_missing
+    return compiler_missing()
+
+
+@pytest.mark.parametrize("where", [
+    pytest.param("gpu", marks=pytest.mark.gpu),
+    # the cuda set's CUDA sources run serially on the CPU (CAFFE_ENGINE_KERNELS=cuda-emulated):
+    # the kernels and plans of the GPU run, without CuPy; about 0.3 s an iteration, so slow
+    pytest.param("cuda-emulated", marks=[
+        pytest.mark.slow,
+        pytest.mark.skipif(_emulator_missing() is not None, reason=str(_emulator_missing()))]),
+])
+def test_lenet_sgd_on_the_cuda_kernels_follows_caffes_curve(where, tmp_path, request):
     folder = copy_training_case("lenet_sgd", tmp_path)
+    flags, env = [], dict(os.environ)
+    if where == "gpu":
+        request.getfixturevalue("gpu_mode")
+        flags.append("--gpu=0")
+    else:
+        env["CAFFE_ENGINE_KERNELS"] = "cuda-emulated"
     run = subprocess.run([sys.executable, "-m", "caffe_engine", "train",
-                          "--solver=solver.prototxt", "--gpu=0"], cwd=folder,
+                          "--solver=solver.prototxt", *flags], cwd=folder, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     log = run.stderr
@@ -76,7 +99,10 @@ def test_lenet_sgd_on_the_gpu_follows_caffes_curve(gpu_mode, tmp_path):
         assert abs(acc - t["outputs"]["accuracy"]) <= 0.005
         assert abs(loss - t["outputs"]["loss"]) <= 0.01
     assert sorted(p.name for p in folder.glob("lenet_sgd_iter_*")) == sorted(ref_all["snapshots"])
-    limit = max(0.05, 1.5 * variants[0]["final_weights_max_abs_diff_over_max_abs"])
+    # the README: Caffe's own variants end with "final weights by up to 20% of their largest
+    # value" for SGD (here the threads variant 0.125 on ip1's bias; the reference set, Caffe's
+    # order in NumPy, lands at 0.125 too, the cuda set on the emulator at 0.19)
+    limit = max(0.2, 1.5 * max(v["final_weights_max_abs_diff_over_max_abs"] for v in variants))
     model = _load(folder / "lenet_sgd_iter_300.caffemodel", caffe_pb2.NetParameter)
     caffe_model = _load(TRAINING / "lenet_sgd" / "lenet_sgd_iter_300.caffemodel",
                         caffe_pb2.NetParameter)

@@ -29,9 +29,12 @@ The sets:
   when Numba can be imported (else the reference set, with one warning line);
 * ``cuda``: CUDA C kernels compiled by NVRTC for CuPy arrays (``caffe_engine/kernels/cuda``),
   what every CuPy array uses; the same sources run serially on the CPU through
-  :class:`.cuda.emulator.EmulatedDevice` in the tests.
+  :class:`.cuda.emulator.EmulatedDevice` in the tests, and as the ``cuda-emulated`` set for
+  NumPy arrays (``CAFFE_ENGINE_KERNELS=cuda-emulated``: a whole run through the CUDA sources on
+  the CPU, serially -- a check, about 10 times slower than ``cpu``).
 
-``CAFFE_ENGINE_KERNELS=reference`` (or :func:`use`) makes NumPy arrays use the reference set.
+``CAFFE_ENGINE_KERNELS=reference`` (or ``cuda-emulated``, or :func:`use`) makes NumPy arrays use
+that set.
 """
 import dataclasses
 import logging
@@ -79,8 +82,15 @@ def get(name):
                 _sets[name] = CudaKernels()
             except ImportError as exc:
                 raise ValueError(f"the cuda kernel set needs CuPy: {exc}") from None
+        elif name == "cuda-emulated":
+            from .cuda import CudaKernels
+            from .cuda.emulator import EmulatedDevice, compiler_missing
+            if compiler_missing():
+                raise ValueError(f"the cuda-emulated kernel set needs g++: {compiler_missing()}")
+            _sets[name] = CudaKernels(EmulatedDevice())
         else:
-            raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu, cuda)")
+            raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu, cuda, "
+                             "cuda-emulated)")
     return _sets[name]
 
 
@@ -111,9 +121,9 @@ def cpu_default():
                 logger.warning("Numba is not available (%s): running the reference kernels "
                                "(pip install numba for the compiled ones)", missing)
                 name = "reference"
-        if name not in ("reference", "cpu"):
+        if name not in ("reference", "cpu", "cuda-emulated"):
             raise ValueError(f"CAFFE_ENGINE_KERNELS={name!r}: known kernel sets are "
-                             "reference and cpu")
+                             "reference, cpu and cuda-emulated")
         _state["cpu"] = name
     return _state["cpu"]
 
