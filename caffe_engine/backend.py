@@ -40,6 +40,41 @@ def set_mode_cpu():
     _state["xp"] = numpy
 
 
+def _cuda_version(number):
+    return f"{number // 1000}.{number % 1000 // 10}"
+
+
+def gpu_missing():
+    """Why GPU mode cannot run here, in one line, or None when CuPy imports and sees a device.
+
+    The reasons: CuPy is not installed; CuPy is but no NVIDIA driver is (``libcuda`` missing:
+    CuPy reports that as an "insufficient driver", which would send a user to upgrade one); the
+    driver's CUDA version is older than CuPy's runtime (the CuPy wheel for an older CUDA is
+    needed); no CUDA device; else CuPy's own error.
+    """
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"CuPy is not installed ({exc}); pip install -e '.[gpu]' (docs/gpu.md)"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError and what a broken install raises
+        try:
+            driver = cupy.cuda.runtime.driverGetVersion()
+            runtime = cupy.cuda.runtime.runtimeGetVersion()
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            driver = runtime = None
+        if driver == 0:
+            return "no NVIDIA driver found (CuPy is installed, the driver's libcuda is not)"
+        if driver is not None and runtime is not None and driver < runtime:
+            return (f"the NVIDIA driver supports CUDA {_cuda_version(driver)}, older than the "
+                    f"CUDA {_cuda_version(runtime)} of this CuPy: install the CuPy wheel for "
+                    f"CUDA {driver // 1000} (docs/gpu.md)")
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        return f"no usable CUDA device ({type(exc).__name__}: {reason})"
+    return None if count > 0 else "no CUDA device"
+
+
 def set_mode_gpu():
     """Allocate new blobs with CuPy on the current device (pycaffe's ``set_mode_gpu``).
 
@@ -47,17 +82,20 @@ def set_mode_gpu():
     and keeps the CPU, as ``solver_mode: GPU`` does: scripts written for a GPU machine still
     run. Returns True when GPU mode is on.
     """
-    try:
-        import cupy
-        cupy.cuda.runtime.getDeviceCount()
-        cupy.cuda.Device(_state["device"]).use()
-    except Exception as exc:  # ImportError, CUDARuntimeError
+    reason = gpu_missing()
+    if reason is None:
+        try:
+            import cupy
+            cupy.cuda.Device(_state["device"]).use()
+        except Exception as exc:  # CUDARuntimeError: a device id beyond those present
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if reason is not None:
         if not _state.get("warned_no_gpu"):
             from .log import logger
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             logger.warning("set_mode_gpu: no usable GPU (%s); running on the CPU", reason)
             _state["warned_no_gpu"] = True
         return False
+    import cupy
     _state["xp"] = cupy
     return True
 

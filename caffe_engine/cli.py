@@ -237,19 +237,23 @@ def _gpu_ids(spec, what=None):
     """
     if not spec:
         return []
-    try:
-        import cupy
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # ImportError, CUDARuntimeError
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
-        raise CaffeError(f"{what or '--gpu=' + spec}: GPU mode needs CuPy and a CUDA device, and "
-                         f"none is available ({reason})") from None
-    if spec == "all":
+    ids = None
+    if spec != "all":
+        try:
+            ids = [int(x) for x in spec.split(",")]
+        except ValueError:
+            raise UsageError(f"--gpu: expected 'all' or device ids separated by ',', got "
+                             f"'{spec}'") from None
+        if any(i < 0 for i in ids):
+            raise UsageError(f"--gpu: device ids are 0 or more, got '{spec}'")
+    reason = backend.gpu_missing()
+    if reason is not None:
+        raise CaffeError(f"{what or '--gpu=' + spec}: GPU mode needs CuPy and a CUDA device: "
+                         f"{reason}")
+    import cupy
+    count = cupy.cuda.runtime.getDeviceCount()
+    if ids is None:
         return list(range(count))
-    try:
-        ids = [int(x) for x in spec.split(",")]
-    except ValueError:
-        raise UsageError(f"--gpu: expected 'all' or device ids separated by ',', got '{spec}'") from None
     for i in ids:
         if not 0 <= i < count:
             raise CaffeError(f"--gpu: no CUDA device {i} ({count} available)")
@@ -678,7 +682,7 @@ def device_query(flags):
     Raises:
         CaffeError: no CuPy or no CUDA device (one line).
     """
-    logger.info("Querying GPUs %s", flags["gpu"])
+    logger.info("Querying GPUs %s", flags["gpu"] or "all")
     ids = _gpu_ids(flags["gpu"] or "all", "device_query")
     import cupy
     for i in ids:

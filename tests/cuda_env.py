@@ -10,17 +10,10 @@ from functools import lru_cache
 
 @lru_cache(maxsize=None)
 def cuda_missing():
-    """None with CuPy and a usable CUDA device, else why not (one line)."""
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:  # CUDARuntimeError and the like (CuPy without a driver)
-        return f"no usable CUDA device ({exc})"
-    return None
+    """None with CuPy and a usable CUDA device, else why not (one line: the engine's own
+    ``backend.gpu_missing``)."""
+    from caffe_engine.backend import gpu_missing
+    return gpu_missing()
 
 
 @lru_cache(maxsize=None)

@@ -210,17 +210,9 @@ def gemm_peak(threads, size=2048, reps=7):
 
 
 def gpu_missing():
-    """Why ``--device gpu`` cannot run here (None when it can): CuPy or a CUDA device missing."""
-    try:
-        import cupy
-    except ImportError as exc:
-        return f"CuPy is not installed ({exc}); pip install -e '.[gpu]'"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError, a missing driver library
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"no usable CUDA device ({reason})"
-    return None if count > 0 else "no CUDA device"
+    """Why ``--device gpu`` cannot run here (None when it can): ``backend.gpu_missing``."""
+    from caffe_engine.backend import gpu_missing as missing
+    return missing()
 
 
 def gemm_peak_gpu(size=8192, reps=5):

@@ -326,14 +326,16 @@ EOF
 }
 
 # LeNet: a folder whose data/mnist holds the carried LMDBs, models/ the repository's.
-lenet_folder() {
+lenet_folder() {  # $1: the step's note file, for the summary line
     local dir=$WORK/lenet
     mkdir -p "$dir/data/mnist" "$dir/data/lenet"
     ln -sfn "$REPO/models" "$dir/models"
     ln -sfn "$REPO/.gpu_data/mnist_train_lmdb" "$dir/data/mnist/mnist_train_lmdb"
     ln -sfn "$REPO/.gpu_data/mnist_test_lmdb" "$dir/data/mnist/mnist_test_lmdb"
     if [ ! -d "$REPO/.gpu_data/mnist_train_lmdb" ]; then
-        echo ".gpu_data/mnist_train_lmdb is missing: carry .gpu_data" | tee "$WORK/lenet_gpu.note"
+        echo ".gpu_data/mnist_train_lmdb is missing: run 'bash tools/gpu_check.sh --prepare'" \
+            "first (it copies ../shared's MNIST LMDBs there; a device call carries .gpu_data)" \
+            | tee "$WORK/$1.note" >&2
         return 1
     fi
     echo "$dir"
@@ -341,7 +343,7 @@ lenet_folder() {
 
 step_lenet_gpu() {
     local dir
-    dir=$(lenet_folder) || return 1
+    dir=$(lenet_folder lenet_gpu) || return 1
     cd "$dir" || return 1
     # models/lenet's solver, displaying every iteration (the curve to compare), no mid-run
     # snapshots.
@@ -368,7 +370,7 @@ step_lenet_gpu() {
 
 step_lenet_cpu() {
     local dir
-    dir=$(lenet_folder) || return 1
+    dir=$(lenet_folder lenet_cpu) || return 1
     cd "$dir" || return 1
     sed -e 's/^display: .*/display: 1/' -e 's/^snapshot: .*/snapshot: 0/' \
         -e 's/^max_iter: .*/max_iter: 100/' -e 's/^snapshot_prefix: .*/snapshot_prefix: "data\/lenet\/cpu"/' \
@@ -416,7 +418,10 @@ label = "stand-in" if no_gpu else "GPU"
 status = 0
 if no_gpu:
     print(f"no GPU ({no_gpu}): the 'GPU' run is a 100-iteration CPU stand-in (checks the plumbing)")
-if not gpu:
+if gpu is None:
+    print(f"{label} run wrote no log ({gpu_path}): see its step in gpu_check.log")
+    status = 1
+elif not gpu:
     print(f"{label} log has no loss lines ({gpu_path})")
     status = 1
 else:
@@ -445,6 +450,9 @@ if gpu and cpu:
             print(f"{i:>5} {g:>14.6f} {c:>12.6f} {d:>10.2e}")
     if cpu_acc and gpu_acc:
         print(f"test accuracy at iteration 0: {label} {gpu_acc[0]:.4f}, CPU {cpu_acc[0]:.4f}")
+elif cpu is None:
+    print(f"CPU run wrote no log ({cpu_path}): see its step in gpu_check.log")
+    status = 1
 elif not cpu:
     print(f"CPU log has no loss lines ({cpu_path})")
     status = 1
@@ -491,16 +499,10 @@ main() {
         # One line "REASON:<why not>" from the probe; "REASON:" alone when a device is there.
         GPU_REASON=$(timeout 60 "$PY" - 2>>"$LOG" <<'EOF' | sed -n 's/^REASON://p' | tail -n 1
 try:
-    import cupy
+    from caffe_engine.backend import gpu_missing
+    print("REASON:" + (gpu_missing() or ""))
 except Exception as exc:  # noqa: BLE001
-    print(f"REASON:CuPy does not import: {type(exc).__name__}: {exc}")
-    raise SystemExit
-try:
-    n = cupy.cuda.runtime.getDeviceCount()
-    print("REASON:" if n > 0 else "REASON:no CUDA device")
-except Exception as exc:  # noqa: BLE001
-    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    print("REASON:no usable CUDA device: " + why)
+    print(f"REASON:the engine does not import: {type(exc).__name__}: {exc}")
 EOF
         )
         if [ -z "$GPU_REASON" ] && ! timeout 60 "$PY" -c "import cupy" 2>/dev/null; then

@@ -67,14 +67,13 @@ def _load_nccl():
             warnings.simplefilter("ignore")
             from cupy.cuda import nccl
     except Exception as exc:  # ImportError and what a broken install raises
-        raise CaffeError(f"{need} (pip install cupy-cuda12x); not available here: "
+        raise CaffeError(f"{need} (pip install -e '.[gpu]'); not available here: "
                          f"{_one_line(exc)}") from None
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError: no driver, no device
-        raise CaffeError(f"{need}; no usable CUDA device here: {_one_line(exc)}") from None
-    if count < 1:
-        raise CaffeError(f"{need}; no CUDA device here")
+    from ..backend import gpu_missing
+    reason = gpu_missing()
+    if reason is not None:
+        raise CaffeError(f"{need}; not here: {reason}")
+    count = cupy.cuda.runtime.getDeviceCount()
     if not getattr(nccl, "available", True) or not hasattr(nccl, "NcclCommunicator"):
         raise CaffeError(f"{need}; this CuPy cannot load NCCL (pip install nvidia-nccl-cu12, "
                          "or the nvidia-nccl package matching your CUDA)")

@@ -68,21 +68,21 @@ def test_load_errors_are_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(CaffeError) as e:
         nccl_module._load_nccl()
-    assert str(e.value).startswith(f"{NEED} (pip install cupy-cuda12x); not available here: "
+    assert str(e.value).startswith(f"{NEED} (pip install -e '.[gpu]'); not available here: "
                                    "ModuleNotFoundError")
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 0)
     _install(monkeypatch, {"runtime": runtime}, {"available": True})
     with pytest.raises(CaffeError) as e:
         nccl_module._load_nccl()
-    assert str(e.value) == f"{NEED}; no CUDA device here"
+    assert str(e.value) == f"{NEED}; not here: no CUDA device"
 
     def broken():
         raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected\nmore")
     _install(monkeypatch, {"runtime": types.SimpleNamespace(getDeviceCount=broken)})
     with pytest.raises(CaffeError) as e:
         nccl_module._load_nccl()
-    assert str(e.value) == (f"{NEED}; no usable CUDA device here: RuntimeError: "
-                            "cudaErrorNoDevice: no CUDA-capable device is detected")
+    assert str(e.value) == (f"{NEED}; not here: no usable CUDA device (RuntimeError: "
+                            "cudaErrorNoDevice: no CUDA-capable device is detected)")
     _install(monkeypatch, {"runtime": types.SimpleNamespace(getDeviceCount=lambda: 2)},
              {"available": False})
     with pytest.raises(CaffeError) as e:
@@ -241,5 +241,5 @@ def test_no_device_on_a_fake_cupy_starts_no_nccl(monkeypatch):
     _fake_nccl_cupy(monkeypatch, log, count=0)
     with pytest.raises(CaffeError) as e:
         NCCLCommunicator(MPI.COMM_WORLD, timeout=0)
-    assert str(e.value) == f"{NEED}; no CUDA device here"
+    assert str(e.value) == f"{NEED}; not here: no CUDA device"
     assert not [x for x in log if x[0] == "NcclCommunicator"]
