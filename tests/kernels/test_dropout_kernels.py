@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe_engine import kernels
+from caffe_engine.backend import get_array_module
 from caffe_engine import rng as caffe_rng
 from caffe_engine.blob import Blob
 from caffe_engine.kernels.reference import neuron as ref_neuron
@@ -202,7 +203,9 @@ def dropout_layer(ratio, shape=(4, 6, 5), in_place=False):
             f'dropout_param {{ dropout_ratio: {ratio} }}')
     layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), caffe_pb2.TRAIN)
     bottom = Blob(shape)
-    bottom.data[...] = numpy.random.RandomState(4).standard_normal(shape).astype(F32)
+    # through xp: CuPy refuses a NumPy array as the value of a device slice assignment
+    xp = get_array_module(bottom.data)
+    bottom.data[...] = xp.asarray(numpy.random.RandomState(4).standard_normal(shape).astype(F32))
     top = bottom if in_place else Blob(shape)
     layer.setup([bottom], [top])
     return layer, [bottom], [top]
