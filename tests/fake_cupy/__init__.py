@@ -47,6 +47,7 @@ NumPy ufunc methods other than ``__call__`` (``reduce``, ``at``) on device array
 which keys ``cuda.runtime.getDeviceProperties`` has with CUDA 13 (the fake leaves out those
 CUDA 13 dropped from ``cudaDeviceProp``, and ``memPitch``, set by CuPy only on ROCm).
 """
+import collections
 import ctypes
 import hashlib
 import os
@@ -66,7 +67,14 @@ except Exception:  # noqa: BLE001 - without it, NumPy's names stand in
     _real = None
 
 stats = {"syncs": 0, "sync_sites": [], "explicit_syncs": 0, "numpy_calls": [], "launches": 0,
-         "h2d": 0, "pointer_mismatches": set(), "async_d2h": 0, "explicit_sites": []}
+         "h2d": 0, "pointer_mismatches": set(), "async_d2h": 0, "explicit_sites": [],
+         "ops": collections.Counter()}
+#: CuPy calls that make no kernel launch (views, metadata, allocation without a fill)
+_NO_LAUNCH = {"reshape", "ravel", "view", "transpose", "swapaxes", "squeeze", "expand_dims",
+              "broadcast_to", "atleast_1d", "atleast_2d", "atleast_3d", "empty", "empty_like",
+              "result_type", "can_cast", "shape", "ndim", "size", "get", "set", "asarray",
+              "get_array_module", "moveaxis", "rollaxis", "split", "array_split", "hsplit",
+              "vsplit", "dtype", "isscalar", "iscomplexobj", "isrealobj"}
 _lock = threading.Lock()
 _owners = weakref.WeakValueDictionary()   # id(NumPy memory owner) -> its device array
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,7 +83,21 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def reset_stats():
     with _lock:
         stats.update(syncs=0, sync_sites=[], explicit_syncs=0, numpy_calls=[], launches=0, h2d=0,
-                     pointer_mismatches=set(), async_d2h=0, explicit_sites=[])
+                     pointer_mismatches=set(), async_d2h=0, explicit_sites=[],
+                     ops=collections.Counter())
+
+
+def _count_op(name):
+    """One CuPy operation that launches a kernel (an estimate of CuPy's launches: one per
+    elementwise op, reduction, copy, fill or product; views and metadata are free)."""
+    if name not in _NO_LAUNCH:
+        stats["ops"][name] += 1
+
+
+def kernel_launches():
+    """The estimate of all kernel launches since :func:`reset_stats`: the engine's own
+    (``RawKernel``) plus the CuPy operations of :func:`_count_op`."""
+    return stats["launches"] + sum(stats["ops"].values())
 
 
 def syncs():
@@ -147,6 +169,7 @@ def _binary(name, reflected=False, inplace=False):
         if not isinstance(other, (ndarray, int, float, complex, bool, numpy.generic)):
             return NotImplemented
         o = _unwrap(other)
+        _count_op(name)
         if inplace:
             ufunc(self._a, o, out=self._a)
             return self
@@ -338,6 +361,7 @@ class ndarray:
             value = value.reshape(()).item()
         elif isinstance(value, (list, tuple)):
             raise ValueError("fake cupy: a sequence assigned to a device array")
+        _count_op("setitem")
         self._a[key] = _unwrap(value)
 
     def __getattr__(self, name):
@@ -352,16 +376,19 @@ class ndarray:
             _check_call(f"ndarray.{name}", real, args, kwargs, method=True)
             if name in ("nonzero", "compress"):
                 _count_sync(f"implicit:ndarray.{name}")
+            _count_op(f"ndarray.{name}" if name not in _NO_LAUNCH else name)
             return _wrap(method(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
         return call
 
     def __neg__(self):
+        _count_op("negative")
         return _wrap(-self._a)
 
     def __pos__(self):
         return _wrap(+self._a)
 
     def __abs__(self):
+        _count_op("absolute")
         return _wrap(abs(self._a))
 
     def __invert__(self):
@@ -501,6 +528,7 @@ def _wrap_function(fn, name):
                     raise _unsupported(a)
         if name in _IMPLICIT_SYNC or (name == "where" and len(args) + len(kwargs) == 1):
             _count_sync(f"implicit:{name}")
+        _count_op(name)
         args = _unwrap(args)
         kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
         return _wrap(fn(*args, **kwargs))
@@ -563,6 +591,7 @@ def copyto(dst, src, casting="same_kind", where=None):
         if src.size != 1:
             raise ValueError("non-scalar numpy.ndarray cannot be used for copyto")
         src = src.squeeze()[()]
+    _count_op("copyto")
     numpy.copyto(dst._a, _unwrap(src), casting=casting,
                  where=True if where is None else _unwrap(where))
 
