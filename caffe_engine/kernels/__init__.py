@@ -17,6 +17,9 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 * ``param_norms(data, diff)`` -> ``(||data||, ||diff||)`` of one learnable param (float32
   scalars; LARC's per-param rates, ``caffe_engine/solvers/larc.py``);
 * ``transform(...)`` -> the Data layer's crop, mirror, mean and scale of a uint8 batch;
+* ``softmax_forward(x, y, scale)`` (Softmax over axis 1 of (outer, C, inner) views),
+  ``softmax_loss_forward(...)`` and ``softmax_loss_backward(...)`` (SoftmaxWithLoss: its loss,
+  label check and normalizer; the gradient), see :mod:`.reference.softmax`;
 * ``dropout_mask(count, ratio, like)`` -> ``(mask, threshold)`` (the host mt19937 stream for
   NumPy arrays and in exact mode, a device stream on CuPy), ``dropout_forward(x, mask,
   threshold, scale, y)`` and ``dropout_backward(dy, mask, threshold, scale, dx)``.

@@ -9,14 +9,14 @@ label blob must hold ``N * H * W`` values.
 """
 import numpy
 
+from .. import kernels
 from ..backend import get_array_module
 from ..blob import Blob
+from ..kernels.reference.softmax import label_check
 from ..proto import caffe_pb2
-from ._helpers import _check_values
 from .base import Layer, create_layer, register
 
 f32 = numpy.float32
-FLT_MIN = numpy.finfo(f32).tiny
 
 _NORM = caffe_pb2.LossParameter
 
@@ -52,16 +52,12 @@ class SoftmaxLayer(Layer):
         scale = getattr(self, "scale", None)
         if scale is None or scale.shape != scale_shape or get_array_module(scale) is not xp:
             self.scale = xp.empty(scale_shape, f32)
+        self.kernels = kernels.for_array(bottom[0].data)
 
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
         x = bottom[0].data.reshape(self.view)
         y = top[0].data.reshape(self.view)
-        xp.max(x, axis=1, keepdims=True, out=self.scale)
-        xp.subtract(x, self.scale, out=y)
-        xp.exp(y, out=y)
-        xp.sum(y, axis=1, keepdims=True, out=self.scale)
-        y /= self.scale
+        self.kernels.softmax_forward(x, y, self.scale)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -87,15 +83,13 @@ def _label_check(layer, xp, labels, valid, num_classes):
     Args:
         labels: int32 array; valid: bool array of its shape, or None (all valid).
     """
-    in_range = (labels >= 0) & (labels < num_classes)
-    bad = ~in_range if valid is None else valid & ~in_range
+    return label_check(layer, labels, valid, num_classes,
+                       lambda value: _label_error(layer, value, num_classes))
 
-    def error(value):
-        return layer.error(f"label value {int(value)} outside [0, {num_classes}) "
-                           f"(labels must be integers in 0 .. number of classes - 1)")
 
-    _check_values(layer, bad, labels, error)
-    return xp.where(in_range if valid is None else valid & in_range, labels, 0)
+def _label_error(layer, value, num_classes):
+    return layer.error(f"label value {int(value)} outside [0, {num_classes}) "
+                       f"(labels must be integers in 0 .. number of classes - 1)")
 
 
 @register("SoftmaxWithLoss")
@@ -112,6 +106,11 @@ class SoftmaxWithLossLayer(Layer):
     then at least 1. The deprecated ``normalize: false`` (when normalization is unset) means
     BATCH_SIZE, ``normalize: true`` VALID. The gradient is ``(p - onehot(label)) * loss_weight /
     normalizer``, zero at ignored positions. The labels never get a gradient.
+
+    The arithmetic is the kernel set's (``softmax_forward``, ``softmax_loss_forward``,
+    ``softmax_loss_backward``, :mod:`caffe_engine.kernels.reference.softmax`): on the cuda set
+    3 launches forward (softmax, per-chunk loss and label check, the sum and normalizer) and 1
+    backward (the normalizer and the top's diff read on the device).
 
     Fields read: loss_param.ignore_label (unset: none), loss_param.normalization (VALID),
     loss_param.normalize (deprecated), softmax_param.axis (1).
@@ -168,22 +167,18 @@ class SoftmaxWithLossLayer(Layer):
                              f"(label shape {label.shape})")
         if len(top) > 1:
             top[1].reshape(data.shape)
+        self.kernels = kernels.for_array(data.data)
 
-    def _labels(self, xp, label_blob):
-        """(labels with ignored positions set to 0, valid mask), both (outer, inner)."""
-        labels = label_blob.data.reshape(self.outer, self.inner).astype(numpy.int32)
-        if self.ignore_label is None:
-            valid = xp.ones(labels.shape, bool)
-        else:
-            valid = labels != self.ignore_label
-        return _label_check(self, xp, labels, valid, self.channels), valid
+    def _label_error(self, value):
+        return _label_error(self, value, self.channels)
 
-    def _normalizer(self, xp, valid):
+    def _normalizer(self):
+        """The normalizer as float32, or None for VALID (counted by the kernels)."""
         mode = self.normalization
         if mode == _NORM.FULL:
             return f32(max(1, self.outer * self.inner))
         if mode == _NORM.VALID:
-            return xp.maximum(valid.sum(dtype=numpy.int64).astype(f32), f32(1))
+            return None
         if mode == _NORM.BATCH_SIZE:
             return f32(max(1, self.outer))
         if mode == _NORM.NONE:
@@ -191,15 +186,12 @@ class SoftmaxWithLossLayer(Layer):
         raise self.error(f"unknown normalization mode {mode}")
 
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
         self.softmax.forward([bottom[0]], [self.prob])
-        labels, valid = self._labels(xp, bottom[1])
-        self._cache = labels, valid, self._normalizer(xp, valid)
         prob = self.prob.data.reshape(self.outer, self.channels, self.inner)
-        p = xp.take_along_axis(prob, labels[:, None, :], axis=1)[:, 0, :]
-        logp = xp.log(xp.maximum(p, FLT_MIN))
-        loss = -xp.where(valid, logp, f32(0)).sum(dtype=f32)
-        top[0].data[...] = loss / self._cache[2]
+        labels = bottom[1].data.reshape(self.outer, self.inner)
+        self._cache = self.kernels.softmax_loss_forward(
+            prob, labels, self.ignore_label, self._normalizer(), top[0].data, self,
+            self._label_error)
         if len(top) > 1:
             top[1].data[...] = self.prob.data
 
@@ -208,18 +200,9 @@ class SoftmaxWithLossLayer(Layer):
             raise self.error("cannot backpropagate to label inputs")
         if not propagate_down[0]:
             return
-        xp = get_array_module(top[0].diff)
-        labels, valid, normalizer = self._cache
-        c, inner = self.channels, self.inner
-        dx = bottom[0].diff.reshape(self.outer, c, inner)
-        xp.multiply(self.prob.data.reshape(dx.shape), valid[:, None, :], out=dx)
-        flat = dx.reshape(-1)
-        rows = xp.arange(self.outer, dtype=numpy.int64)[:, None] * (c * inner)
-        cols = xp.arange(inner, dtype=numpy.int64)[None, :]
-        at = (rows + labels.astype(numpy.int64) * inner + cols).ravel()
-        flat[at] -= valid.ravel().astype(f32)
-        scale = (top[0].diff.reshape(()) / normalizer).astype(f32)
-        dx *= scale
+        shape = (self.outer, self.channels, self.inner)
+        self.kernels.softmax_loss_backward(self.prob.data.reshape(shape), self._cache,
+                                           top[0].diff, bottom[0].diff.reshape(shape))
 
 
 @register("Accuracy")

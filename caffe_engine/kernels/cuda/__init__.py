@@ -8,9 +8,9 @@ for the tests. Importing this package needs neither CuPy nor a GPU.
 
 Modules: :mod:`.conv` (im2col/col2im and the convolution plan), :mod:`.pooling`, :mod:`.lrn`,
 :mod:`.neuron` (ReLU, Dropout), :mod:`.solver` (the fused updates, the norms), :mod:`.transform`
-(the Data layer's crop, mirror, mean and scale). What a module does not cover (a plan factory
-returning None) falls back to the reference set's array code, which runs on CuPy too: N-D
-convolution and the WITHIN_CHANNEL LRN.
+(the Data layer's crop, mirror, mean and scale), :mod:`.softmax` (Softmax, SoftmaxWithLoss).
+What a module does not cover (a plan factory returning None) falls back to the reference set's
+array code, which runs on CuPy too: N-D convolution and the WITHIN_CHANNEL LRN.
 """
 import importlib
 
@@ -87,6 +87,27 @@ class CudaKernels(ReferenceKernels):
         if not _contiguous(x, dy, dx):
             return super().relu_backward(x, dy, dx, negative_slope)
         _module("neuron").relu_backward(self.device, x, dy, dx, negative_slope)
+
+    def softmax_forward(self, x, y, scale):
+        module = _module("softmax")
+        if not module.softmax_launchable(x, y):
+            return super().softmax_forward(x, y, scale)
+        module.softmax_forward(self.device, x, y)
+
+    def softmax_loss_forward(self, prob, labels, ignore_label, normalizer, loss, key,
+                             make_error):
+        module = _module("softmax")
+        if not module.loss_launchable(prob, labels, loss):
+            return super().softmax_loss_forward(prob, labels, ignore_label, normalizer, loss,
+                                                key, make_error)
+        return module.softmax_loss_forward(self.device, prob, labels, ignore_label, normalizer,
+                                           loss, key, make_error)
+
+    def softmax_loss_backward(self, prob, cache, top_diff, dx):
+        module = _module("softmax")
+        if not isinstance(cache, module.LossCache):  # the forward fell back to the reference
+            return super().softmax_loss_backward(prob, cache, top_diff, dx)
+        module.softmax_loss_backward(self.device, prob, cache, top_diff, dx)
 
     def update(self, rule):
         module = _module("solver")

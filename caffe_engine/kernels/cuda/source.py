@@ -21,7 +21,7 @@ PRELUDE = r"""
 """
 
 #: modules of this package that register a Source, in compile order
-MODULES = ("neuron", "conv", "pooling", "lrn", "solver", "transform")
+MODULES = ("neuron", "conv", "pooling", "lrn", "solver", "transform", "softmax")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ What runs on CuPy arrays until the ``cuda`` set exists, what NumPy arrays fall b
 Numba, and the oracle the tests hold the compiled kernels to.
 """
 from ...backend import get_array_module
-from . import conv, lrn, neuron, pooling, solver, transform
+from . import conv, lrn, neuron, pooling, softmax, solver, transform
 
 
 class ReferenceKernels:
@@ -45,6 +45,24 @@ class ReferenceKernels:
     def relu_backward(x, dy, dx, negative_slope):
         """``dx`` = the gradient of ReLU: see :func:`.neuron.relu_backward`."""
         neuron.relu_backward(x, dy, dx, negative_slope)
+
+    @staticmethod
+    def softmax_forward(x, y, scale):
+        """``y`` = softmax of ``x`` (outer, C, inner) over axis 1: see
+        :func:`.softmax.softmax_forward`."""
+        softmax.softmax_forward(x, y, scale)
+
+    @staticmethod
+    def softmax_loss_forward(prob, labels, ignore_label, normalizer, loss, key, make_error):
+        """SoftmaxWithLoss's loss from the probabilities, the label check, and a cache for the
+        backward pass: see :func:`.softmax.softmax_loss_forward`."""
+        return softmax.softmax_loss_forward(prob, labels, ignore_label, normalizer, loss, key,
+                                            make_error)
+
+    @staticmethod
+    def softmax_loss_backward(prob, cache, top_diff, dx):
+        """SoftmaxWithLoss's gradient: see :func:`.softmax.softmax_loss_backward`."""
+        softmax.softmax_loss_backward(prob, cache, top_diff, dx)
 
     @staticmethod
     def im2col(x, kernel, stride, pad, dilation, out_shape):
