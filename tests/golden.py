@@ -312,3 +312,37 @@ def run_failure(failure):
     layer.reshape(bottoms, tops)
     layer.forward(bottoms, tops)
     layer.backward(tops, [True] + [False] * (len(bottoms) - 1), bottoms)
+
+
+def check_every_case():
+    """Replay every ``kind: layer`` case whose layer types the engine registers and every
+    Caffe failure, in the current mode, collecting the problems instead of stopping at the
+    first; a device mode's deferred checks are raised after each case. Returns
+    ``(cases run, problems)``, one line per problem. Dropout's TRAIN cases hold Caffe's host
+    mt19937 masks: on a device, run this in the exact RNG mode (``rng.set_exact_rng``)."""
+    from caffe_engine.errors import CaffeError
+    from caffe_engine.layers import layer_type_list
+    known = set(layer_type_list())
+    problems, ran = [], 0
+    for case in manifest()["cases"]:
+        if case["kind"] != "layer" or {lp.type for lp in load(case)[1].layer} - known:
+            continue
+        try:
+            check_case(case)
+            backend.raise_deferred()
+            ran += 1
+        except Exception as exc:  # noqa: BLE001 - collected, reported together
+            backend.discard_deferred()
+            problems.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:300]}")
+    for failure in failures({f["layer_type"] for f in manifest()["failures"]}):
+        try:
+            run_failure(failure)
+            backend.raise_deferred()
+            problems.append(f"failure {failure['id']}: did not raise")
+        except CaffeError:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"failure {failure['id']}: {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            backend.discard_deferred()
+    return ran, problems

@@ -16,9 +16,7 @@ import pytest
 import fake_cupy
 import golden
 from caffe_engine import backend, kernels, rng
-from caffe_engine.errors import CaffeError
 from caffe_engine.io import prototxt as pio
-from caffe_engine.layers import layer_type_list
 from caffe_engine.solvers import get_solver
 from paths import SHARED, TRAINING
 
@@ -252,48 +250,13 @@ def test_caffe_train_on_the_fake_gpu(case, fake_gpu_mode, tmp_path, monkeypatch)
 
 
 # -- every golden layer case ----------------------------------------------------------------------
-ALL_CASES = [c for c in golden.manifest()["cases"] if c["kind"] == "layer"]
-
-
-def _net_types(case):
-    _, net = golden.load(case)
-    return {lp.type for lp in net.layer}
-
-
 def test_every_golden_case_on_the_fake_gpu(fake_gpu_mode):
     """As ``test_every_case_in_gpu_mode`` (tests/layers/test_layers_golden.py) on the fake,
     in the exact RNG mode: the Dropout TRAIN cases hold Caffe's host mt19937 masks, which a
     device stream (curand on a GPU, the fake's MT19937 here) does not draw."""
     previous = rng.set_exact_rng(True)
     try:
-        _check_every_golden_case()
+        ran, problems = golden.check_every_case()
     finally:
         rng.set_exact_rng(previous)
-
-
-def _check_every_golden_case():
-    problems, ran = [], 0
-    known = set(layer_type_list())
-    for case in ALL_CASES:
-        if _net_types(case) - known:
-            continue
-        try:
-            golden.check_case(case)
-            backend.raise_deferred()
-            ran += 1
-        except Exception as exc:  # noqa: BLE001 - collected, reported together below
-            backend.discard_deferred()
-            problems.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:300]}")
-    for failure in golden.failures({f["layer_type"] for f in golden.manifest()["failures"]}):
-        try:
-            golden.run_failure(failure)
-            backend.raise_deferred()
-            problems.append(f"failure {failure['id']}: did not raise")
-        except CaffeError:
-            pass
-        except Exception as exc:  # noqa: BLE001
-            problems.append(f"failure {failure['id']}: {type(exc).__name__}: {str(exc)[:300]}")
-        finally:
-            backend.discard_deferred()
-    assert ran and not problems, f"{len(problems)} of {len(ALL_CASES)} cases:\n" + \
-        "\n".join(problems)
+    assert ran > 100 and not problems, f"{len(problems)} problems:\n" + "\n".join(problems)

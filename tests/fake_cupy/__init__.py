@@ -49,11 +49,8 @@ CUDA 13 dropped from ``cudaDeviceProp``, and ``memPitch``, set by CuPy only on R
 """
 import collections
 import ctypes
-import hashlib
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import traceback
 import types
@@ -657,23 +654,8 @@ class RawModule:
         if not isinstance(options, tuple):
             raise TypeError(f"Argument 'options' has incorrect type (expected tuple, got "
                             f"{type(options).__name__})")
-        from caffe_engine.kernels.cuda.emulator import SHIM
-        text = SHIM + code
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        folder = os.path.join(tempfile.gettempdir(), "caffe_engine_fake_cupy")
-        os.makedirs(folder, exist_ok=True)
-        library = os.path.join(folder, f"module_{digest}.so")
-        if not os.path.exists(library):
-            source = os.path.join(folder, f"module_{digest}.{os.getpid()}.cpp")
-            with open(source, "w") as f:
-                f.write(text)
-            partial = f"{library}.{os.getpid()}.tmp"
-            run = subprocess.run(["g++", "-O2", "-std=c++14", "-shared", "-fPIC",
-                                  "-ffp-contract=off", "-o", partial, source],
-                                 capture_output=True, text=True)
-            if run.returncode:
-                raise RuntimeError(f"fake RawModule: g++ failed:\n{run.stderr}")
-            os.replace(partial, library)
+        from caffe_engine.kernels.cuda.emulator import build_library
+        library = build_library(code, "caffe_engine_fake_cupy")
         self._library = ctypes.CDLL(library)
         self._params = _parse_params(code)
 

@@ -84,31 +84,9 @@ def test_every_case_in_gpu_mode(gpu_mode, request):
     checks, raised by ``backend.raise_deferred``. All cases run; the failures are listed.
     Dropout's TRAIN cases hold Caffe's host mt19937 masks, so the exact mode draws them on the
     host here (on the device by default: docs/reproducibility.md)."""
-    problems = []
-    ran = 0
     previous = rng.set_exact_rng(True)
     request.addfinalizer(lambda: rng.set_exact_rng(previous))
-    for case in ALL_CASES:
-        if NET_TYPES[case["id"]] - set(layer_type_list()):
-            continue
-        try:
-            golden.check_case(case)
-            backend.raise_deferred()
-            ran += 1
-        except Exception as exc:  # noqa: BLE001 - collected, reported together below
-            backend.discard_deferred()
-            problems.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:300]}")
-    for failure in golden.failures({f["layer_type"] for f in golden.manifest()["failures"]}):
-        try:
-            golden.run_failure(failure)
-            backend.raise_deferred()
-            problems.append(f"failure {failure['id']}: did not raise")
-        except CaffeError:
-            pass
-        except Exception as exc:  # noqa: BLE001
-            problems.append(f"failure {failure['id']}: {type(exc).__name__}: {exc}")
-        finally:
-            backend.discard_deferred()
+    ran, problems = golden.check_every_case()
     assert ran and not problems, f"{len(problems)} of {len(ALL_CASES)} cases:\n" + \
         "\n".join(problems)
 

@@ -44,6 +44,33 @@ def compiler_missing():
     return None if shutil.which("g++") else "g++ is not on the PATH"
 
 
+def build_library(code, folder_name="caffe_engine_cuda_emulator"):
+    """Compile CUDA ``code`` (kernels as :mod:`.source` writes them, prelude included) with
+    :data:`SHIM` into a shared library, once per text (cached by its hash in the temporary
+    directory, written atomically); returns the library's path.
+
+    Raises:
+        RuntimeError: ``g++`` failed (its message included).
+    """
+    text = SHIM + code
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = os.path.join(tempfile.gettempdir(), folder_name)
+    os.makedirs(folder, exist_ok=True)
+    library = os.path.join(folder, f"kernels_{digest}.so")
+    if not os.path.exists(library):
+        source_path = os.path.join(folder, f"kernels_{digest}.{os.getpid()}.cpp")
+        with open(source_path, "w") as f:
+            f.write(text)
+        partial = f"{library}.{os.getpid()}.tmp"
+        run = subprocess.run(["g++", "-O2", "-std=c++14", "-shared", "-fPIC",
+                              "-ffp-contract=off", "-o", partial, source_path],
+                             capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"g++ failed on the cuda sources:\n{run.stderr}")
+        os.replace(partial, library)
+    return library
+
+
 class EmulatedDevice:
     """:class:`.device.CupyDevice`'s interface on NumPy arrays, every kernel run serially on
     the CPU (see the module docstring). The library is built once per source text, in the
@@ -61,22 +88,8 @@ class EmulatedDevice:
         names = [k for s in self.sources for k in s.kernels]
         if len(names) != len(set(names)):
             raise ValueError("kernel names must be unique across the cuda sources")
-        text = SHIM + "".join(f'\n// ---- {s.name}.cu\n' + s.text() for s in self.sources)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        folder = os.path.join(tempfile.gettempdir(), "caffe_engine_cuda_emulator")
-        os.makedirs(folder, exist_ok=True)
-        library = os.path.join(folder, f"kernels_{digest}.so")
-        if not os.path.exists(library):
-            source_path = os.path.join(folder, f"kernels_{digest}.cpp")
-            with open(source_path, "w") as f:
-                f.write(text)
-            partial = f"{library}.{os.getpid()}.tmp"
-            run = subprocess.run(["g++", "-O2", "-std=c++14", "-shared", "-fPIC",
-                                  "-ffp-contract=off", "-o", partial, source_path],
-                                 capture_output=True, text=True)
-            if run.returncode:
-                raise RuntimeError(f"g++ failed on the cuda sources:\n{run.stderr}")
-            os.replace(partial, library)
+        text = "".join(f'\n// ---- {s.name}.cu\n' + s.text() for s in self.sources)
+        library = build_library(text)
         self._library = ctypes.CDLL(library)
         self.launches = 0
 
