@@ -185,6 +185,10 @@ def test_mlp_dropout_trains_on_the_fake_gpu(fake_gpu_mode, tmp_path, monkeypatch
 
 # -- the command line: each training fixture, snapshots, resume, fine-tuning, test, time ---
 CASES = sorted(p.name for p in TRAINING.iterdir() if (p / "solver.prototxt").exists())
+#: the cases every run checks (SGD, and the one with iter_size, clipping and L1); the other
+#: solvers and data cases (about 3 s each) run with the slow tests
+QUICK = {"lenet_sgd", "lenet_itersize_clip_l1"}
+CASE_PARAMS = [pytest.param(c, marks=[] if c in QUICK else [pytest.mark.slow]) for c in CASES]
 
 
 def _edit_solver(path, **fields):
@@ -205,7 +209,7 @@ def _weights(path):
             for i, blob in enumerate(layer.blobs)}
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_caffe_train_on_the_fake_gpu(case, fake_gpu_mode, tmp_path, monkeypatch):
     """``caffe train --gpu 0`` on a copy of each training fixture (4 iterations, a test and a
     snapshot every 2), then resumed from the iteration-2 solverstate, fine-tuned from the
