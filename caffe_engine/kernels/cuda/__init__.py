@@ -12,21 +12,9 @@ Modules: :mod:`.conv` (im2col/col2im and the convolution plan), :mod:`.pooling`,
 What a module does not cover (a plan factory returning None) falls back to the reference set's
 array code, which runs on CuPy too: N-D convolution and the WITHIN_CHANNEL LRN.
 """
-import importlib
-
 from ..reference import ReferenceKernels
+from . import conv, lrn, neuron, pooling, softmax, solver, transform
 from .workspace import DeviceWorkspace
-
-
-def _module(name):
-    """This package's module ``name``, or None while it is not written (the set then falls
-    back to the reference set for what it would cover)."""
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"{__name__}.{name}":
-            return None
-        raise
 
 
 def _contiguous(*arrays):
@@ -50,90 +38,73 @@ class CudaKernels(ReferenceKernels):
         self.workspace = DeviceWorkspace()
 
     def conv(self, geometry):
-        module = _module("conv")
-        plan = module.make_plan(self.device, geometry, self.workspace) if module else None
+        plan = conv.make_plan(self.device, geometry, self.workspace)
         return plan if plan is not None else super().conv(geometry)
 
     def im2col(self, x, kernel, stride, pad, dilation, out_shape):
-        module = _module("conv")
-        col = module.im2col(self.device, x, kernel, stride, pad, dilation, out_shape) \
-            if module else None
+        col = conv.im2col(self.device, x, kernel, stride, pad, dilation, out_shape)
         return col if col is not None else super().im2col(x, kernel, stride, pad, dilation,
                                                           out_shape)
 
     def col2im(self, col, in_shape, kernel, stride, pad, dilation):
-        module = _module("conv")
-        x = module.col2im(self.device, col, in_shape, kernel, stride, pad, dilation) \
-            if module else None
+        x = conv.col2im(self.device, col, in_shape, kernel, stride, pad, dilation)
         return x if x is not None else super().col2im(col, in_shape, kernel, stride, pad,
                                                       dilation)
 
     def pooling(self, geometry):
-        module = _module("pooling")
-        plan = module.make_plan(self.device, geometry) if module else None
+        plan = pooling.make_plan(self.device, geometry)
         return plan if plan is not None else super().pooling(geometry)
 
     def lrn(self, geometry):
-        module = _module("lrn")
-        plan = module.make_plan(self.device, geometry) if module else None
+        plan = lrn.make_plan(self.device, geometry)
         return plan if plan is not None else super().lrn(geometry)
 
     def relu_forward(self, x, y, negative_slope):
         if not _contiguous(x, y):
             return super().relu_forward(x, y, negative_slope)
-        _module("neuron").relu_forward(self.device, x, y, negative_slope)
+        neuron.relu_forward(self.device, x, y, negative_slope)
 
     def relu_backward(self, x, dy, dx, negative_slope):
         if not _contiguous(x, dy, dx):
             return super().relu_backward(x, dy, dx, negative_slope)
-        _module("neuron").relu_backward(self.device, x, dy, dx, negative_slope)
+        neuron.relu_backward(self.device, x, dy, dx, negative_slope)
 
     def softmax_forward(self, x, y, scale):
-        module = _module("softmax")
-        if not module.softmax_launchable(x, y):
+        if not softmax.softmax_launchable(x, y):
             return super().softmax_forward(x, y, scale)
-        module.softmax_forward(self.device, x, y)
+        softmax.softmax_forward(self.device, x, y)
 
     def softmax_loss_forward(self, prob, labels, ignore_label, normalizer, loss, key,
                              make_error):
-        module = _module("softmax")
-        if not module.loss_launchable(prob, labels, loss):
+        if not softmax.loss_launchable(prob, labels, loss):
             return super().softmax_loss_forward(prob, labels, ignore_label, normalizer, loss,
                                                 key, make_error)
-        return module.softmax_loss_forward(self.device, prob, labels, ignore_label, normalizer,
+        return softmax.softmax_loss_forward(self.device, prob, labels, ignore_label, normalizer,
                                            loss, key, make_error)
 
     def softmax_loss_backward(self, prob, cache, top_diff, dx):
-        module = _module("softmax")
-        if not isinstance(cache, module.LossCache):  # the forward fell back to the reference
+        if not isinstance(cache, softmax.LossCache):  # the forward fell back to the reference
             return super().softmax_loss_backward(prob, cache, top_diff, dx)
-        module.softmax_loss_backward(self.device, prob, cache, top_diff, dx)
+        softmax.softmax_loss_backward(self.device, prob, cache, top_diff, dx)
 
     def update(self, rule):
-        module = _module("solver")
-        step = module.make_step(self.device, rule) if module else None
+        step = solver.make_step(self.device, rule)
         return step if step is not None else super().update(rule)
 
     def param_norms(self, data, diff):
-        module = _module("solver")
-        if module is None or not _contiguous(data, diff):
+        if not _contiguous(data, diff):
             return super().param_norms(data, diff)
-        return module.param_norms(self.device, data, diff)
+        return solver.param_norms(self.device, data, diff)
 
     def transform(self, batch, out, params, mean, scale):
-        module = _module("transform")
-        if module is None:
-            return super().transform(batch, out, params, mean, scale)
-        module.transform(self.device, batch, out, params, mean, scale)
+        transform.transform(self.device, batch, out, params, mean, scale)
 
     def dropout_forward(self, x, mask, threshold, scale, y):
-        module = _module("neuron")
-        if not module.dropout_launchable(x, mask, y):
+        if not neuron.dropout_launchable(x, mask, y):
             return super().dropout_forward(x, mask, threshold, scale, y)
-        module.dropout_forward(self.device, x, mask, threshold, scale, y)
+        neuron.dropout_forward(self.device, x, mask, threshold, scale, y)
 
     def dropout_backward(self, dy, mask, threshold, scale, dx):
-        module = _module("neuron")
-        if not module.dropout_launchable(dy, mask, dx):
+        if not neuron.dropout_launchable(dy, mask, dx):
             return super().dropout_backward(dy, mask, threshold, scale, dx)
-        module.dropout_backward(self.device, dy, mask, threshold, scale, dx)
+        neuron.dropout_backward(self.device, dy, mask, threshold, scale, dx)
