@@ -224,10 +224,6 @@ class ImageDataLayer(Layer):
                     caffe_shuffle(self.lines, self.prefetch_rng)
         return numpy.stack(images), numpy.asarray(labels, dtype=numpy.float32)
 
-    def next_batch(self):
-        """The batch the next forward outputs (a prefetch thread may replace this)."""
-        return self.load_batch()
-
     def forward(self, bottom, top):
         """Read the next batch, draw its transform on the host and stage it
         (:mod:`caffe_engine.io.staging`: transformed here on the CPU; on the GPU the uint8

@@ -168,7 +168,7 @@ class HingeLossLayer(_LossLayer):
         """(row indices, label indices) of the true-class entries."""
         num, dim = self.view
         labels = bottom[1].data.reshape(-1)[:num].astype(numpy.int32)
-        return xp.arange(num), _label_check(self, xp, labels, None, dim)
+        return xp.arange(num), _label_check(self, labels, None, dim)
 
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
@@ -296,7 +296,7 @@ class InfogainLossLayer(_LossLayer):
             valid = xp.ones(labels.shape, bool)
         else:
             valid = labels != self.ignore_label
-        labels = _label_check(self, xp, labels, valid, self.channels)
+        labels = _label_check(self, labels, valid, self.channels)
         h = self._matrix(bottom)
         prob = self.prob.data.reshape(self.outer, self.channels, self.inner)
         logp = xp.log(xp.maximum(prob, LOG_THRESHOLD))
@@ -356,7 +356,7 @@ class MultinomialLogisticLossLayer(_LossLayer):
     def _picked(self, xp, bottom):
         num, dim = self.view
         labels = bottom[1].data.reshape(num).astype(numpy.int32)
-        labels = _label_check(self, xp, labels, None, dim)
+        labels = _label_check(self, labels, None, dim)
         rows = xp.arange(num)
         prob = bottom[0].data.reshape(self.view)[rows, labels]
         return rows, labels, xp.maximum(prob, LOG_THRESHOLD)

@@ -165,8 +165,6 @@ class MemoryDataLayer(Layer):
             raise self.error("MemoryData needs to be initialized by calling reset() or "
                              "set_input_arrays()")
         n = self.batch_size
-        top[0].reshape((n, self.channels, self.height, self.width))
-        top[1].reshape((n, 1, 1, 1))
         if self._staging is None:
             self._staging = staging_for(top[0].data, slots=2)
         staged = self._staging.stage(self.data[self.pos:self.pos + n],

@@ -623,8 +623,7 @@ class DropoutLayer(NeuronLayer):
         if not 0 <= ratio < 1:
             raise self.error(f"dropout_ratio must be in [0, 1), got {ratio}")
         self.ratio = ratio
-        self.keep_prob = 1.0 - float(ratio)
-        self.scale = f32(1.0 / self.keep_prob)
+        self.scale = f32(1.0 / (1.0 - float(ratio)))
         self.mask = None
         self.threshold = 0
 

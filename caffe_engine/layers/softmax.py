@@ -72,7 +72,7 @@ class SoftmaxLayer(Layer):
         dx *= y
 
 
-def _label_check(layer, xp, labels, valid, num_classes):
+def _label_check(layer, labels, valid, num_classes):
     """Raise when a non-ignored label is outside [0, num_classes) (Caffe only DCHECKs this);
     return the labels to index with: ignored (``valid`` False) and out-of-range ones set to 0.
 
@@ -265,7 +265,7 @@ class AccuracyLayer(Layer):
             valid = xp.ones(labels.shape, bool)
         else:
             valid = labels != self.ignore_label
-        labels = _label_check(self, xp, labels, valid, self.channels)
+        labels = _label_check(self, labels, valid, self.channels)
         true_score = xp.take_along_axis(scores, labels[:, None, :], axis=1)
         # The true class itself always scores >= itself: subtract it.
         better = (scores >= true_score).sum(axis=1) - 1

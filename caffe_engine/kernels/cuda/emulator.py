@@ -113,7 +113,5 @@ def _c_argument(kernel, value):
         return ctypes.c_float(float(value))
     if isinstance(value, numpy.uint32):
         return ctypes.c_uint(int(value))
-    if isinstance(value, numpy.uint64):
-        return ctypes.c_ulonglong(int(value))
-    raise TypeError(f"{kernel}: kernel arguments are arrays, numpy.int32, numpy.float32, "
-                    f"numpy.uint32 or numpy.uint64, got {type(value).__name__}")
+    raise TypeError(f"{kernel}: kernel arguments are arrays, numpy.int32, numpy.float32 "
+                    f"or numpy.uint32, got {type(value).__name__}")

@@ -64,12 +64,6 @@ def relu_backward(device, x, dy, dx, negative_slope):
                   float32(negative_slope))
 
 
-def _unsigned(value):
-    """A kernel's ``unsigned int`` argument: the int32 with the same 32 bits (the launchers
-    take ``numpy.int32``; both pass 4 bytes by value, which the kernel reads as unsigned)."""
-    return numpy.uint32(value).view(numpy.int32)
-
-
 def dropout_launchable(x, mask, y):
     """Whether the dropout kernels take these arrays: a uint32 ``mask`` of ``x``'s size, all
     three C-contiguous (``y`` may be ``x``)."""
@@ -81,11 +75,11 @@ def dropout_forward(device, x, mask, threshold, scale, y):
     """``y = x * (mask > threshold) * scale``: float32 ``x``, ``y``, uint32 ``mask`` (see
     :func:`dropout_launchable`), ``threshold`` in [0, 2**32), ``scale`` float32."""
     device.launch(SOURCE, "ce_dropout_forward", x.size, int32(x.size), x, mask,
-                  _unsigned(threshold), float32(scale), y)
+                  numpy.uint32(threshold), float32(scale), y)
 
 
 def dropout_backward(device, dy, mask, threshold, scale, dx):
     """``dx = dy * scale * (mask > threshold)`` (Caffe's DropoutBackward; ``dx`` may be
     ``dy``)."""
     device.launch(SOURCE, "ce_dropout_backward", dy.size, int32(dy.size), dy, mask,
-                  _unsigned(threshold), float32(scale), dx)
+                  numpy.uint32(threshold), float32(scale), dx)

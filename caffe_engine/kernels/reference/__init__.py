@@ -1,7 +1,7 @@
 """The reference kernel set: readable NumPy/CuPy bodies in Caffe's arithmetic order.
 
-What runs on CuPy arrays until the ``cuda`` set exists, what NumPy arrays fall back to without
-Numba, and the oracle the tests hold the compiled kernels to.
+What NumPy arrays fall back to without Numba, what the cuda set falls back to for what it does
+not cover (it runs on CuPy arrays too), and the oracle the tests hold the compiled kernels to.
 """
 from ...backend import get_array_module
 from . import conv, lrn, neuron, pooling, softmax, solver, transform
