@@ -245,7 +245,7 @@ def _engine_gpu():
     device = cupy.cuda.Device()
     pool = cupy.get_default_memory_pool()
     launches = lambda: None  # noqa: E731
-    if (os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda") == "cuda":
+    if kernels.gpu_default() == "cuda":
         counter = kernels.get("cuda").device
         launches = lambda: getattr(counter, "launches", None)  # noqa: E731
     return device.synchronize, pool.total_bytes, launches

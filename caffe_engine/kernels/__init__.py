@@ -131,6 +131,20 @@ def cpu_default():
     return _state["cpu"]
 
 
+def gpu_default():
+    """The name of the set CuPy arrays use: ``CAFFE_ENGINE_GPU_KERNELS`` ("cuda" or
+    "reference", to compare the two on a GPU), else "cuda".
+
+    Raises:
+        ValueError: another name.
+    """
+    name = os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda"
+    if name not in ("cuda", "reference"):
+        raise ValueError(f"CAFFE_ENGINE_GPU_KERNELS={name!r}: the kernel sets for CuPy arrays "
+                         "are cuda and reference")
+    return name
+
+
 def use(choice):
     """Make NumPy arrays use a kernel set from now on: a name ("reference", "cpu"), a kernel
     set object (e.g. ``CpuKernels(CpuTuning(threads=1))``, as the tests make), or None (back to
@@ -150,9 +164,8 @@ def use(choice):
 
 def for_array(array):
     """The kernel set for ``array``'s device: the NumPy default (:func:`cpu_default`) for NumPy
-    arrays, the cuda set for CuPy arrays (the reference set with ``CAFFE_ENGINE_GPU_KERNELS=
-    reference``, to compare the two on a GPU)."""
+    arrays, :func:`gpu_default`'s (the cuda set) for CuPy arrays."""
     if get_array_module(array).__name__ == "cupy":
-        return get(os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda")
+        return get(gpu_default())
     choice = cpu_default()
     return get(choice) if isinstance(choice, str) else choice
