@@ -263,6 +263,39 @@ def defer_check(key, bad, payload, make_error):
     entry[2] = make_error
 
 
+def check_flag(key, flag, payload, make_error):
+    """Raise ``make_error(payload)`` when ``flag`` (a 0-d bool array) is set: at once off the
+    device, deferred under ``key`` on it (:func:`defer_check`; nothing is read)."""
+    if on_device(flag):
+        defer_check(key, flag, payload, make_error)
+    elif bool(flag):
+        raise make_error(payload[()])
+
+
+def check_values(key, bad, values, make_error):
+    """Raise ``make_error(v)`` for the first ``values`` element ``v`` (C order) where ``bad``.
+
+    Off the device (:func:`on_device` False: NumPy) the check is immediate, as Caffe's CPU
+    ``CHECK``s. On the device nothing is read: the flag and the first bad value are computed
+    there and handed to :func:`defer_check` under ``key``, to be raised at the next display,
+    test or pycaffe forward (:func:`raise_deferred`); Caffe's GPU kernels do not check at all.
+
+    Args:
+        key: the deferred check's key (the layer, or (layer, what) for a second check).
+        bad: bool array; values: array of the same size; make_error: value -> CaffeError.
+    """
+    if bad.size == 0:
+        return
+    if not on_device(bad):
+        if bad.any():
+            raise make_error(values[bad.reshape(values.shape)].ravel()[0])
+        return
+    xp = get_array_module(bad)
+    flat = bad.ravel()
+    first = xp.take(values.ravel(), xp.argmax(flat.astype(xp.int8)))
+    defer_check(key, flat.any(), first, make_error)
+
+
 def pending_checks():
     """Number of deferred checks not yet read back."""
     return len(_deferred)

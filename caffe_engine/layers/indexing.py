@@ -5,10 +5,9 @@ Caffe: src/caffe/layers/<name>_layer.cpp for each (batch_reindex, filter, embed)
 """
 import numpy
 
-from .. import fillers
+from .. import backend, fillers
 from ..backend import get_array_module
 from ..blob import Blob
-from ._helpers import _check_values
 from .base import Layer, register
 
 f32 = numpy.float32
@@ -18,10 +17,10 @@ def _int_indices(layer, xp, values, limit, what):
     """Float index values -> integer array, checked to lie in [0, limit) (truncated like C).
 
     The check is immediate on the CPU and deferred on the device
-    (:func:`._helpers._check_values`; out-of-range indices then read item 0 until the error is
+    (:func:`caffe_engine.backend.check_values`; out-of-range indices then read item 0 until the error is
     raised)."""
     bad = (values < 0) | (values >= limit)
-    _check_values((layer, "range"), bad, values,
+    backend.check_values((layer, "range"), bad, values,
                   lambda value: layer.error(f"{what} {float(value):g} outside [0, {limit})"))
     return xp.where(bad, 0, values).astype(numpy.int64)
 
@@ -184,7 +183,7 @@ class EmbedLayer(Layer):
         xp = get_array_module(bottom[0].data)
         values = bottom[0].data.reshape(-1)
         idx = _int_indices(self, xp, values, self.k, "embedding index")
-        _check_values((self, "integer"), idx.astype(f32) != values, values,
+        backend.check_values((self, "integer"), idx.astype(f32) != values, values,
                       lambda bad: self.error("non-integer input to an Embed layer"))
         return idx
 

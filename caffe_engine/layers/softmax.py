@@ -78,7 +78,7 @@ def _label_check(layer, labels, valid, num_classes):
 
     Immediate on the CPU (no label is then out of range); on the device deferred without a
     host read and raised at the next display, test or pycaffe forward
-    (:func:`._helpers._check_values`), the out-of-range labels indexing class 0 meanwhile.
+    (:func:`caffe_engine.backend.check_values`), the out-of-range labels indexing class 0 meanwhile.
 
     Args:
         labels: int32 array; valid: bool array of its shape, or None (all valid).

@@ -39,9 +39,6 @@ NUMPY_CONVERTERS = {"asarray", "array", "float32", "float64", "int32", "int64", 
 
 #: (file relative to caffe_engine, enclosing function's qualified name) -> why it may read.
 ALLOWED = {
-    ("layers/_helpers.py", "_check_values"):
-        "the CPU branch only (backend.on_device False): an immediate check on NumPy arrays; "
-        "the device branch defers it",
     ("layers/indexing.py", "FilterLayer.reshape"):
         "the top's shape is the count of non-zero selectors: Caffe reads the selector on the "
         "host too (filter_layer.cpp Reshape, cpu_data)",

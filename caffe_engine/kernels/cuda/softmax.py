@@ -18,7 +18,7 @@ Caffe: src/caffe/layers/softmax_layer.cu, softmax_loss_layer.cu. Arrays are view
   at least 1; else the value given), ``loss = -sum / normalizer`` into the loss top, the
   normalizer into a one-float buffer for the backward pass, and the label check's flag and first
   bad value into fresh device arrays handed to :func:`caffe_engine.backend.defer_check` (the
-  same deferred check as :func:`caffe_engine.layers._helpers._check_values`, raised at the next
+  same deferred check as :func:`caffe_engine.backend.check_values`, raised at the next
   display, test or pycaffe forward; at once off the device).
 * ``ce_softmax_loss_backward``: one thread per element: ``(p - onehot) * valid * (top_diff /
   normalizer)``, the two scalars read from device memory (no host read); the reference set's
@@ -211,10 +211,7 @@ def softmax_loss_forward(device, prob, labels, ignore_label, normalizer, loss, k
                   part_count, part_flag, part_bad, int32(normalizer is None),
                   float32(1 if normalizer is None else normalizer), loss, norm, flag, payload)
     if positions:
-        if backend.on_device(flag):
-            backend.defer_check(key, flag, payload, make_error)
-        elif bool(flag):
-            raise make_error(payload[()])
+        backend.check_flag(key, flag, payload, make_error)
     return LossCache(index, norm)
 
 

@@ -7,6 +7,7 @@ Arrays are viewed as (outer, C, inner): the softmax runs over the middle axis at
 """
 import numpy
 
+from ... import backend
 from ...backend import get_array_module
 
 f32 = numpy.float32
@@ -26,17 +27,16 @@ def softmax_forward(x, y, scale):
 
 def label_check(key, labels, valid, num_classes, make_error):
     """Raise (or defer, on the device) ``make_error(v)`` for the first non-ignored label ``v``
-    outside [0, num_classes) (:func:`caffe_engine.layers._helpers._check_values` under ``key``);
+    outside [0, num_classes) (:func:`caffe_engine.backend.check_values` under ``key``);
     return the labels to index with: ignored (``valid`` False) and out-of-range ones set to 0.
 
     Args:
         labels: int32 array; valid: bool array of its shape, or None (all valid).
     """
-    from ...layers._helpers import _check_values  # here: the layers import the kernels
     xp = get_array_module(labels)
     in_range = (labels >= 0) & (labels < num_classes)
     bad = ~in_range if valid is None else valid & ~in_range
-    _check_values(key, bad, labels, make_error)
+    backend.check_values(key, bad, labels, make_error)
     return xp.where(in_range if valid is None else valid & in_range, labels, 0)
 
 
