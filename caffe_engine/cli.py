@@ -278,9 +278,8 @@ def _rank_gpu(ctx, gpus):
     mpi_comm = getattr(ctx.comm, "comm", None)
     local_rank = ctx.rank
     if mpi_comm is not None:
-        local = mpi_comm.Split_type(ctx.comm.MPI.COMM_TYPE_SHARED, key=ctx.rank)
-        local_rank = local.Get_rank()
-        local.Free()
+        from .comm.communicator import local_place
+        local_rank, _ = local_place(mpi_comm, ctx.comm.MPI, ctx.rank)
     return gpus[local_rank % len(gpus)]
 
 

@@ -93,6 +93,7 @@ import _launch  # noqa: E402  (tools/_launch.py: loads netlab.py beside this scr
 
 from caffe_engine.backend import cpu_cores  # noqa: E402
 from caffe_engine.comm import cost_model  # noqa: E402
+from caffe_engine.comm.compress import METHODS as COMPRESS_METHODS  # noqa: E402 (--compress)
 from caffe_engine.errors import CaffeError  # noqa: E402
 from caffe_engine.io import prototxt  # noqa: E402
 from caffe_engine.proto import caffe_pb2  # noqa: E402
@@ -102,8 +103,6 @@ _RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
 _PLAN_LINE = re.compile(r"(Buckets \(--bucket_mb auto(?:, MG-WFBP)?\): .*)")
 _TRAFFIC_LINE = re.compile(r"Iteration (\d+), gradient traffic \((\w+)\): ([0-9.e+-]+) bytes "
                            r"sent per iteration by the busiest rank")
-#: --compress's choices (caffe_engine.comm.compress.METHODS).
-COMPRESS_METHODS = ("none", "fp16", "topk", "gtopk")
 #: What --overlap's words set CAFFE_GRAD_OVERLAP to.
 OVERLAP_ENV = {"on": "1", "off": "0"}
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

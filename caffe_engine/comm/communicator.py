@@ -278,6 +278,16 @@ def _is_cupy(a):
     return type(a).__module__.startswith("cupy")
 
 
+def local_place(mpi_comm, MPI, key=0):
+    """``(local rank, local size)``: this process's place among the ranks of ``mpi_comm`` on
+    its machine (an ``MPI_COMM_TYPE_SHARED`` split ordered by ``key``; collective)."""
+    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=key)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
 def check_buffer(buf, what="allreduce"):
     """Validate ``buf`` (float32, C-contiguous, writeable) and return a flat view of it.
 
@@ -340,6 +350,10 @@ class Communicator:
     @property
     def is_root(self):
         return self.rank == 0
+
+    def _watch(self, what):
+        """The watchdog around one wait of this communicator (``timeout`` seconds)."""
+        return WATCHDOG.watch(f"{what} ({self.name})", self.timeout, self.rank, self.size)
 
     def allreduce_(self, buf, op="sum"):
         """Sum (or average) ``buf`` over all ranks, in place; return ``buf``."""
@@ -463,9 +477,6 @@ class MPICommunicator(Communicator):
             arr = numpy.empty(max(count, 1), numpy.float32)
             self._scratch[key] = arr
         return arr[:count]
-
-    def _watch(self, what):
-        return WATCHDOG.watch(f"{what} ({self.name})", self.timeout, self.rank, self.size)
 
     # -- the interface -----------------------------------------------------------------------
     def _run_allreduce(self, comm, buf, op, ready=None):

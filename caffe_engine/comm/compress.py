@@ -396,7 +396,7 @@ class BucketCompressor:
         wires = [numpy.empty(n, numpy.float16) for _ in children]
         ex.waitall([ex.irecv(w, c, TAG_FP16_UP) for w, c in zip(wires, children)])
         for w in wires:                                   # own (float32) + children, in order
-            numpy.add(flat, w.astype(numpy.float32), out=flat)
+            numpy.add(flat, w, out=flat)                  # float16 widened exactly
         half = flat.astype(numpy.float16)                 # rounding: onto the wire / the total
         if parent is not None:
             ex.send(half, parent, TAG_FP16_UP)

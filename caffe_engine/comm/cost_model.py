@@ -552,10 +552,6 @@ class LinkModel:
             raise CaffeError(f"link model '{path}': cannot read it ({exc})") from None
 
 
-#: Methods :func:`compressed_allreduce_time` knows (``--comm_compress``).
-COMPRESS_METHODS = ("none", "fp16", "topk", "gtopk")
-
-
 def compressed_schedule(method, nbytes, procs, density=0.001, branching=2, algorithm="tree",
                         **options):
     """The :func:`link_schedule` of one bucket's sum of ``nbytes`` (float32 gradients) under
@@ -573,11 +569,11 @@ def compressed_schedule(method, nbytes, procs, density=0.001, branching=2, algor
       receives theirs; (P - 1) 8 k bytes through every link each way, P - 1 alphas.
 
     The selection's CPU time is not in it (see tools/scaling_check.py --link_model)."""
-    from .compress import ENTRY_BYTES, k_for
+    from .compress import ENTRY_BYTES, METHODS, k_for
     from .tree import tree_children, tree_depth, tree_level
-    if method not in COMPRESS_METHODS:
-        raise CaffeError(f"compressed schedule: method must be one of "
-                         f"{', '.join(COMPRESS_METHODS)}, got '{method}'")
+    if method not in METHODS:
+        raise CaffeError(f"compressed schedule: method must be one of {', '.join(METHODS)}, "
+                         f"got '{method}'")
     p = int(procs)
     if p <= 1:
         return []

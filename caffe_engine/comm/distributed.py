@@ -37,7 +37,7 @@ from .. import backend, kernels
 from . import peer_watch
 from ..errors import CaffeError, one_line
 from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
-                           launcher_rank_size)
+                           launcher_rank_size, local_place)
 
 
 class Context:
@@ -116,9 +116,7 @@ def share_cores(comm):
     if mpi_comm is None or comm.size == 1:
         return None
     MPI = comm.MPI
-    local = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_size = local.Get_size()
-    local.Free()
+    _, local_size = local_place(mpi_comm, MPI)
     if any(os.environ.get(v) for v in _THREAD_VARS):
         return None
     try:

@@ -41,7 +41,7 @@ import warnings
 import numpy
 
 from ..errors import CaffeError
-from .communicator import (WATCHDOG, Communicator, Handle, _check_op, check_buffer,
+from .communicator import (WATCHDOG, Communicator, Handle, _check_op, check_buffer, local_place,
                            mpi_module)
 from .registry import register
 
@@ -169,9 +169,7 @@ class NCCLCommunicator(Communicator):
         self.mpi_comm = comm
         self.nccl_comm = None
         with self._watch("NCCL start"):
-            local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-            self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
-            local.Free()
+            self.local_rank, self.local_size = local_place(comm, MPI, self.rank)
             error = None
             try:
                 self.cupy, self.nccl, count = _load_nccl()
@@ -189,9 +187,6 @@ class NCCLCommunicator(Communicator):
             uid = comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
             self.nccl_comm = nccl.NcclCommunicator(self.size, uid, self.rank)
             self._stream = cupy.cuda.Stream(non_blocking=True)
-
-    def _watch(self, what):
-        return WATCHDOG.watch(f"{what} ({self.name})", self.timeout, self.rank, self.size)
 
     def _device_buffer(self, buf, what, any_dtype=False):
         if not type(buf).__module__.startswith("cupy"):
