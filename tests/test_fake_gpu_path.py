@@ -18,9 +18,9 @@ import golden
 from caffe_engine import backend, kernels, rng
 from caffe_engine.io import prototxt as pio
 from caffe_engine.solvers import get_solver
-from paths import SHARED, TRAINING
+from paths import TRAINING
+from tiny_train import lenet_solver
 
-MNIST = SHARED / "data" / "mnist_5k"
 
 
 def _forget_device_state():
@@ -87,27 +87,6 @@ def test_fake_raw_module_checks_launches(fake_gpu_mode):
 
 
 # -- LeNet ----------------------------------------------------------------------------------------
-def lenet_solver(display, batch=16, **fields):
-    """The lenet_sgd fixture's solver with its net inline (MNIST LMDBs of ../shared), no test
-    net, no snapshots."""
-    case = TRAINING / "lenet_sgd"
-    param = pio.read_solver_param(str(case / "solver.prototxt"))
-    net = pio.read_net_param(str(case / "net.prototxt"))
-    for layer in net.layer:
-        if layer.type == "Data":
-            layer.data_param.source = str(MNIST / layer.data_param.source.rsplit("/", 1)[1])
-            layer.data_param.batch_size = batch
-    param.ClearField("net")
-    param.net_param.CopyFrom(net)
-    del param.test_iter[:]
-    param.test_interval = 0
-    param.display = display
-    param.snapshot_after_train = False
-    for name, value in fields.items():
-        setattr(param, name, value)
-    return get_solver(param)
-
-
 def _train(iters, display, **fields):
     """Per-iteration losses, the fake's syncs per iteration (callback to callback), the
     solver."""

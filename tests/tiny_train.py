@@ -1,5 +1,6 @@
-"""A tiny training setup shared by the resume and CLI tests: MNIST through one InnerProduct,
-written as net.prototxt + solver.prototxt, and ``caffe train`` run as a subprocess."""
+"""Small training setups shared by the tests: MNIST through one InnerProduct, written as
+net.prototxt + solver.prototxt, and ``caffe train`` run as a subprocess (resume, CLI tests);
+the lenet_sgd fixture's solver in process (``lenet_solver``: host-read and fake-GPU tests)."""
 import re
 import subprocess
 import sys
@@ -70,3 +71,28 @@ def wait_for(proc, pattern):
         if re.search(pattern, line):
             return lines
     raise AssertionError("pattern not seen: " + pattern + "\n" + "".join(lines[-20:]))
+
+
+def lenet_solver(display=4, batch=16, **fields):
+    """The lenet_sgd fixture's solver (``paths.TRAINING``) with its net inline, Data sources on
+    the MNIST LMDBs of ../shared (:data:`DATA`), ``batch`` images per batch, no test net, no
+    snapshots; ``fields`` override SolverParameter fields. A solver of the current mode."""
+    from caffe_engine.io import prototxt as pio
+    from caffe_engine.solvers import get_solver
+    from paths import TRAINING
+    case = TRAINING / "lenet_sgd"
+    param = pio.read_solver_param(str(case / "solver.prototxt"))
+    net = pio.read_net_param(str(case / "net.prototxt"))
+    for layer in net.layer:
+        if layer.type == "Data":
+            layer.data_param.source = str(DATA / layer.data_param.source.rsplit("/", 1)[1])
+            layer.data_param.batch_size = batch
+    param.ClearField("net")
+    param.net_param.CopyFrom(net)
+    del param.test_iter[:]
+    param.test_interval = 0
+    param.display = display
+    param.snapshot_after_train = False
+    for name, value in fields.items():
+        setattr(param, name, value)
+    return get_solver(param)

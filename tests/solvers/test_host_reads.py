@@ -23,34 +23,7 @@ import pytest
 
 from caffe_engine import backend
 from caffe_engine.errors import CaffeError
-from caffe_engine.io import prototxt as pio
-from caffe_engine.solvers import get_solver
-from paths import SHARED
-
-LENET = SHARED / "caffe_reference" / "training" / "lenet_sgd"
-MNIST = SHARED / "data" / "mnist_5k"
-
-
-def lenet_solver(display=4, **fields):
-    """The lenet_sgd fixture's solver with its net inline (sources made absolute), no test
-    net, no snapshots; ``fields`` override SolverParameter fields."""
-    param = pio.read_solver_param(str(LENET / "solver.prototxt"))
-    net = pio.read_net_param(str(LENET / "net.prototxt"))
-    for layer in net.layer:
-        if layer.type == "Data":
-            name = layer.data_param.source.rsplit("/", 1)[1]
-            layer.data_param.source = str(MNIST / name)
-            layer.data_param.batch_size = 16
-    param.ClearField("net")
-    param.net_param.CopyFrom(net)
-    del param.test_iter[:]
-    param.test_interval = 0
-    param.display = display
-    param.snapshot_after_train = False
-    for name, value in fields.items():
-        setattr(param, name, value)
-    return get_solver(param)
-
+from tiny_train import lenet_solver
 
 def reads_per_iteration(solver, iters):
     """Counted host reads of each of ``iters`` iterations (inside ``count_host_reads``), from
