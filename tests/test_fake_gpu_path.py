@@ -23,12 +23,6 @@ from tiny_train import lenet_solver
 
 
 
-def _forget_device_state():
-    kernels._sets.pop("cuda", None)
-    rng._global["device"] = {}
-    backend.discard_deferred()
-
-
 @pytest.fixture
 def fake_gpu_mode(monkeypatch):
     """GPU mode on the fake CuPy; yields the fake ``cupy`` module. CPU mode again after."""
@@ -36,7 +30,7 @@ def fake_gpu_mode(monkeypatch):
     if compiler_missing():
         pytest.skip(compiler_missing())
     cupy = fake_cupy.install(monkeypatch)
-    _forget_device_state()
+    fake_cupy.forget_device_state()
     assert backend.gpu_missing() is None
     assert backend.set_mode_gpu()
     fake_cupy.reset_stats()
@@ -44,7 +38,7 @@ def fake_gpu_mode(monkeypatch):
         yield cupy
     finally:
         backend.set_mode_cpu()
-        _forget_device_state()
+        fake_cupy.forget_device_state()
 
 
 # -- the fake itself ------------------------------------------------------------------------------

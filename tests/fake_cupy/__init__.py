@@ -63,9 +63,13 @@ try:  # the installed real CuPy says which names exist (importing it needs no GP
 except Exception:  # noqa: BLE001 - without it, NumPy's names stand in
     _real = None
 
-stats = {"syncs": 0, "sync_sites": [], "explicit_syncs": 0, "numpy_calls": [], "launches": 0,
-         "h2d": 0, "pointer_mismatches": set(), "async_d2h": 0, "explicit_sites": [],
-         "ops": collections.Counter()}
+def _fresh_stats():
+    return {"syncs": 0, "sync_sites": [], "explicit_syncs": 0, "numpy_calls": [], "launches": 0,
+            "h2d": 0, "pointer_mismatches": set(), "async_d2h": 0, "explicit_sites": [],
+            "ops": collections.Counter()}
+
+
+stats = _fresh_stats()
 #: CuPy calls that make no kernel launch (views, metadata, allocation without a fill)
 _NO_LAUNCH = {"reshape", "ravel", "view", "transpose", "swapaxes", "squeeze", "expand_dims",
               "broadcast_to", "atleast_1d", "atleast_2d", "atleast_3d", "empty", "empty_like",
@@ -79,9 +83,16 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def reset_stats():
     with _lock:
-        stats.update(syncs=0, sync_sites=[], explicit_syncs=0, numpy_calls=[], launches=0, h2d=0,
-                     pointer_mismatches=set(), async_d2h=0, explicit_sites=[],
-                     ops=collections.Counter())
+        stats.update(_fresh_stats())
+
+
+def forget_device_state():
+    """Drop what the engine made for the (fake) device: the cuda kernel set, the device random
+    streams, pending deferred checks (between tests, installed or not)."""
+    from caffe_engine import backend, kernels, rng
+    kernels._sets.pop("cuda", None)
+    rng._global["device"] = {}
+    backend.discard_deferred()
 
 
 def _count_op(name):

@@ -39,18 +39,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _fake_cupy_installed(monkeypatch):
     import fake_cupy
-    from caffe_engine import backend, kernels, rng
+    from caffe_engine import backend
     fake_cupy.install(monkeypatch)
     for module in list(sys.modules.values()):
         if callable(getattr(module, "cuda_missing", None)) and \
                 "/tests/" in str(getattr(module, "__file__", "")):
             monkeypatch.setattr(module, "cuda_missing", lambda: None)
-    kernels._sets.pop("cuda", None)
-    rng._global["device"] = {}
+    fake_cupy.forget_device_state()
     try:
         yield
     finally:
         backend.set_mode_cpu()
-        kernels._sets.pop("cuda", None)
-        rng._global["device"] = {}
-        backend.discard_deferred()
+        fake_cupy.forget_device_state()
