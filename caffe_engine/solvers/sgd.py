@@ -134,14 +134,15 @@ class SGDSolver(Solver):
         for i, blob in enumerate(params):
             history = [self.history[s * n + i].data for s in range(self.history_sets)]
             local_rate = f32(rate) * f32(self.net.params_lr[i])
-            if use_larc and self.net.params_lr[i] > 0:
-                local_rate = self.larc_rate(i, rate, iter_scale)
             decay = weight_decay * f32(self.net.params_weight_decay[i])
+            if use_larc and self.net.params_lr[i] > 0:
+                local_rate = self.larc_rate(i, rate, iter_scale, decay)
             self._steps[i](blob.data, blob.diff, history, local_rate,
                            self.hyper, decay, kind == "L1", iter_scale)
 
-    def larc_rate(self, i, rate, iter_scale):
-        """LARC's rate for learnable param ``i`` this iteration (:func:`.larc.local_rate`):
+    def larc_rate(self, i, rate, iter_scale, decay):
+        """LARC's rate for learnable param ``i`` this iteration (:func:`.larc.local_rate`),
+        ``decay`` its weight decay (``weight_decay * decay_mult``):
         the gradient's norm is taken as the rule will see it, after the ``iter_size``
         normalisation (``iter_scale``), before weight decay. The norms may be device scalars
         (the cuda set's ``param_norms``): the rate is then one too, computed and used unread."""
@@ -149,7 +150,6 @@ class SGDSolver(Solver):
         w_norm, g_norm = self._norms[i](blob.data, blob.diff)
         if iter_scale != 1:
             g_norm = g_norm * iter_scale
-        decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
         return larc.local_rate(rate, w_norm, g_norm, self.hyper.momentum,
                                self.param.larc_eta, self.param.larc_policy,
                                self.param.larc_trust, decay)
