@@ -1,125 +1,103 @@
-"""Image files decoded and resized as OpenCV does for Caffe (the one home of image reading:
-the ImageData and WindowData layers, encoded Datum records, convert_imageset).
+"""Images decoded and resized by OpenCV, as Caffe does: the one home of image reading (the
+ImageData and WindowData layers, encoded Datum records, convert_imageset, compute_image_mean).
 
-Caffe: src/caffe/util/io.cpp (``ReadImageToCVMat``, ``DecodeDatumToCVMat``), OpenCV's
-``imread`` and ``cv::resize(..., INTER_LINEAR)``.
+Caffe: src/caffe/util/io.cpp (``ReadImageToCVMat``, ``DecodeDatumToCVMat``,
+``DecodeDatumToCVMatNative``), which call OpenCV's ``cv::imread`` / ``cv::imdecode`` and
+``cv::resize(..., INTER_LINEAR)``. This module calls the same functions through OpenCV's Python
+wheel (``cv2``), so the pixels are OpenCV's own, bit for bit.
 
-Images are decoded with Pillow into what OpenCV's ``imread`` gives Caffe: uint8 (H, W, 3) in
-**BGR** order for colour, (H, W) for grey. Resizing reproduces OpenCV's fixed-point
-INTER_LINEAR on 8-bit images (:func:`cv_resize_linear`). The known differences from
-OpenCV-based Caffe are listed in :mod:`caffe_engine.layers.image_data`.
+Three decode modes, OpenCV's read flags:
+
+* ``"color"`` (``IMREAD_COLOR``): uint8 (H, W, 3), **BGR**; grey files replicated, alpha dropped,
+  the EXIF orientation applied.
+* ``"gray"`` (``IMREAD_GRAYSCALE``): uint8 (H, W); colour JPEGs take libjpeg's own luma output,
+  other formats OpenCV's conversion; the EXIF orientation applied.
+* ``"native"`` (``IMREAD_UNCHANGED``, Caffe's ``imdecode(..., -1)``): the file's own channels
+  (grey (H, W); BGR (H, W, 3); BGRA (H, W, 4) for RGBA, grey+alpha and palette images with
+  transparency), its own depth (a 16-bit PNG stays uint16, which the data transformer refuses
+  as Caffe does), no EXIF rotation.
+
+Why OpenCV and not Pillow (measured, ``docs/data.md``): both wrap libjpeg-turbo and gave the
+same JPEG pixels here, but OpenCV is what Caffe calls, so its grey conversions, native channel
+counts and EXIF handling are Caffe's by construction (Pillow needs each re-implemented), and its
+decode was the faster of the two. Both release the GIL while decoding.
 """
 import numpy
 
 from ..errors import CaffeError
 
-_COEF_BITS = 11                    # OpenCV's INTER_RESIZE_COEF_BITS
-_COEF_SCALE = 1 << _COEF_BITS      # 2048
+#: The decode modes and OpenCV's read flag for each (``cv::IMREAD_*``).
+MODES = {"color": 1, "gray": 0, "native": -1}
+
+
+def _cv2():
+    try:
+        import cv2
+    except ImportError as exc:  # a broken install: cv2 is a dependency of the package
+        raise CaffeError(f"decoding images needs OpenCV (pip install opencv-python-headless): "
+                         f"{exc}") from None
+    return cv2
+
+
+def decode_image(data, mode="color"):
+    """Decode an encoded image (JPEG, PNG, BMP, ...) held in memory, as ``cv::imdecode``.
+
+    Args:
+        data: the file's bytes (bytes, bytearray, memoryview or uint8 array).
+        mode: "color", "gray" or "native" (see the module docstring).
+
+    Returns:
+        numpy array (H, W) or (H, W, C), uint8 (uint16 for a 16-bit file in native mode),
+        channels in BGR(A) order; or None when the bytes are not a decodable image (as
+        OpenCV's empty ``Mat``).
+    """
+    buf = numpy.frombuffer(data, numpy.uint8) if not isinstance(data, numpy.ndarray) else data
+    if buf.size == 0:
+        return None
+    return _cv2().imdecode(buf, MODES[mode])
 
 
 def read_image(path, is_color=True, error=CaffeError):
-    """Decode an image file as OpenCV's ``imread`` does for Caffe.
+    """Decode an image file as Caffe's ``cv::imread(path, is_color ? IMREAD_COLOR :
+    IMREAD_GRAYSCALE)``.
 
     Args:
         path: the file.
-        is_color: True: (H, W, 3) uint8 in BGR order (grey files are replicated, alpha dropped);
-            False: (H, W) uint8 grey.
+        is_color: True: (H, W, 3) uint8 BGR; False: (H, W) uint8 grey.
         error: callable turning a message into the exception to raise.
 
     Raises:
-        the ``error`` exception: the file cannot be opened or decoded.
+        the ``error`` exception: the file cannot be opened or decoded (Caffe's "Could not open
+        or find file").
     """
-    from PIL import Image
     try:
-        with Image.open(path) as img:
-            fmt = img.format
-            if not is_color and fmt == "JPEG":
-                img.draft("L", img.size)  # libjpeg's own grey output, as OpenCV asks for
-            if is_color or img.mode not in ("L", "LA", "1"):
-                img = img.convert("RGB")
-            else:
-                img = img.convert("L")
-            array = numpy.asarray(img, dtype=numpy.uint8)
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise error(f"could not open or find file {path} ({exc})") from None
-    if is_color:
-        return numpy.ascontiguousarray(array[:, :, ::-1])  # RGB -> BGR, as OpenCV
-    if array.ndim == 3:
-        array = _grey(array, fmt)
-    return numpy.ascontiguousarray(array)
-
-
-def _grey(rgb, fmt):
-    """Colour -> grey as OpenCV's imread does: libpng's truncating 15-bit luma for PNG,
-    ``cvtColor(BGR2GRAY)``'s rounded 14-bit luma for other formats."""
-    r, g, b = (rgb[:, :, i].astype(numpy.int32) for i in range(3))
-    if fmt == "PNG":
-        grey = (r * 9797 + g * 19234 + b * 3737) >> 15
-    else:
-        grey = (r * 4899 + g * 9617 + b * 1868 + 8192) >> 14
-    return grey.astype(numpy.uint8)
-
-
-def _linear_taps(src_size, dst_size, vertical=False):
-    """OpenCV's INTER_LINEAR source indices and fixed-point weights along one axis.
-
-    Horizontally OpenCV moves an out-of-range tap onto the edge with weight (1, 0); vertically it
-    keeps the weights and clips the two row indices (so both may name the edge row).
-
-    Returns:
-        (i0, i1, w0, w1): int arrays of shape (dst_size,); the output sample ``d`` is
-        ``w0[d] * src[i0[d]] + w1[d] * src[i1[d]]`` in units of 1/2048.
-    """
-    scale = 1.0 / (dst_size / src_size)                   # OpenCV: 1./inv_scale
-    d = numpy.arange(dst_size, dtype=numpy.float64)
-    f = ((d + 0.5) * scale - 0.5).astype(numpy.float32)
-    s = numpy.floor(f).astype(numpy.int64)
-    f = (f - s.astype(numpy.float32)).astype(numpy.float32)
-    if not vertical:
-        low = s < 0
-        f[low], s[low] = 0, 0
-        high = s >= src_size - 1
-        f[high], s[high] = 0, src_size - 1
-    w1 = numpy.rint(f * numpy.float32(_COEF_SCALE)).astype(numpy.int64)   # round half even
-    w0 = numpy.rint((numpy.float32(1) - f) * numpy.float32(_COEF_SCALE)).astype(numpy.int64)
-    return (numpy.clip(s, 0, src_size - 1), numpy.clip(s + 1, 0, src_size - 1), w0, w1)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise error(f"could not open or find file {path} ({exc.strerror})") from None
+    image = decode_image(data, "color" if is_color else "gray")
+    if image is None:
+        raise error(f"could not open or find file {path} (not a decodable image)")
+    return image
 
 
 def cv_resize_linear(image, height, width):
-    """Resize a uint8 (H, W) or (H, W, C) image as ``cv::resize(..., INTER_LINEAR)`` does.
-
-    Same size: a copy. An exact 2x reduction on both axes: OpenCV's area average,
-    ``(a + b + c + d + 2) >> 2``. Otherwise OpenCV's fixed-point bilinear interpolation: source
-    positions ``(d + 0.5) * scale - 0.5`` in float32, 11-bit weights rounded half to even,
-    horizontal taps summed exactly in integers, then the vertical pass rounded as OpenCV's SIMD
-    code does, ``(((w0 * (r0 >> 4)) >> 16) + ((w1 * (r1 >> 4)) >> 16) + 2) >> 2``.
+    """Resize a uint8 (H, W) or (H, W, C) image with ``cv::resize(..., INTER_LINEAR)``, what
+    Caffe's ``ReadImageToCVMat`` and WindowData call.
 
     Args:
-        image: numpy uint8 array (H, W) or (H, W, C).
+        image: numpy uint8 array (H, W) or (H, W, C) (any strides).
         height, width: the output size (positive).
 
     Returns:
-        uint8 array (height, width[, C]).
+        uint8 array (height, width[, C]) (C kept, 1 included).
     """
     image = numpy.asarray(image, dtype=numpy.uint8)
-    src_h, src_w = image.shape[:2]
-    if (src_h, src_w) == (height, width):
-        return image.copy()
-    if src_h == 2 * height and src_w == 2 * width:
-        total = (image[0::2, 0::2].astype(numpy.int32) + image[0::2, 1::2]
-                 + image[1::2, 0::2] + image[1::2, 1::2])
-        return ((total + 2) >> 2).astype(numpy.uint8)
-    x0, x1, a0, a1 = _linear_taps(src_w, width)
-    y0, y1, b0, b1 = _linear_taps(src_h, height, vertical=True)
-    src = image.astype(numpy.int64)
-    extra = (slice(None),) * (image.ndim - 2)
-    wshape = (1, width) + (1,) * (image.ndim - 2)
-    rows = src[:, x0] * a0.reshape(wshape) + src[:, x1] * a1.reshape(wshape)  # (H, width, ...)
-    hshape = (height,) + (1,) * (image.ndim - 1)
-    r0 = rows[(y0,) + extra] >> 4
-    r1 = rows[(y1,) + extra] >> 4
-    out = (((b0.reshape(hshape) * r0) >> 16) + ((b1.reshape(hshape) * r1) >> 16) + 2) >> 2
-    return numpy.clip(out, 0, 255).astype(numpy.uint8)
+    out = _cv2().resize(numpy.ascontiguousarray(image), (int(width), int(height)),
+                        interpolation=_cv2().INTER_LINEAR)
+    if image.ndim == 3 and out.ndim == 2:   # OpenCV drops a single channel's axis
+        out = out[:, :, None]
+    return out
 
 
 def read_image_resized(path, new_height=0, new_width=0, is_color=True, error=CaffeError):
@@ -132,7 +110,7 @@ def read_image_resized(path, new_height=0, new_width=0, is_color=True, error=Caf
 
 
 def image_to_chw(image):
-    """A decoded (H, W[, C]) uint8 image as a (C, H, W) array (what the transformer takes)."""
+    """A decoded (H, W[, C]) image as a (C, H, W) view (no copy: what the transformer takes)."""
     if image.ndim == 2:
         return image[None]
-    return numpy.ascontiguousarray(image.transpose(2, 0, 1))
+    return image.transpose(2, 0, 1)
