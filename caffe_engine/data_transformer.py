@@ -23,7 +23,19 @@ the batch with the compiled kernels, crop windows and column-reversed views with
 ones); elementwise it is exactly Caffe's per-pixel loop ``(x - mean) * scale`` in float32.
 :meth:`DataTransformer.plan` is the host half (checks and random draws, in Caffe's order) and
 :meth:`TransformPlan.run` the arithmetic, so the Data layer can draw on its loading thread and
-run the arithmetic on the device (:mod:`caffe_engine.io.staging`).
+run the arithmetic on the device (:mod:`caffe_engine.io.staging`), or over the data threads
+(:mod:`caffe_engine.io.workers`) one record each.
+
+Encoded records (``encoded: true``, JPEG/PNG bytes, as ``convert_imageset --encoded`` writes)
+are decoded by OpenCV (:mod:`caffe_engine.io.images`) as Caffe's ``Transform(const Datum&)``
+does: ``force_color`` decodes in colour (BGR), ``force_gray`` in grey (both set is Caffe's
+error), neither keeps the file's own channels (``DecodeDatumToCVMatNative``); the pixels are
+then transformed as a raw record's. Each record is decoded or not by its own ``encoded`` flag.
+
+Records of one batch (:meth:`DataTransformer.plan_records`, Caffe's ``DataLayer::load_batch``):
+the batch takes its shape from the first record; every later record must have its channels,
+and its height and width too unless ``crop_size`` is set, in which case any record at least
+the crop's size is cropped on its own (its random offsets drawn from its own size).
 """
 import logging
 
@@ -33,6 +45,7 @@ from . import kernels
 from . import rng as caffe_rng
 from .backend import get_array_module
 from .errors import CaffeError
+from .io.images import decode_image, image_to_chw
 from .proto.caffe_pb2 import TRAIN
 
 logger = logging.getLogger("caffe_engine")
@@ -46,12 +59,12 @@ def datum_to_array(datum, error=CaffeError):
         error: callable turning a message into the exception to raise.
 
     Raises:
-        the ``error`` exception: the Datum is encoded (JPEG/PNG), has no channels, or its byte or
-        float count does not match ``channels * height * width``.
+        the ``error`` exception: the Datum is encoded (decode it with
+        :meth:`DataTransformer.record_pixels`), has no channels, or its byte or float count does
+        not match ``channels * height * width``.
     """
     if datum.encoded:
-        raise error("encoded Datum records (JPEG/PNG) are not supported; "
-                    "store raw pixels (convert_imageset without --encoded)")
+        raise error("the Datum is encoded (JPEG/PNG bytes): decode it first")
     c, h, w = datum.channels, datum.height, datum.width
     if c <= 0 or h <= 0 or w <= 0:
         raise error(f"Datum has shape {c}x{h}x{w}; channels, height and width must be positive")
@@ -72,7 +85,8 @@ class DataTransformer:
         param: caffe_pb2.TransformationParameter. Fields read: ``scale`` (default 1),
             ``mirror`` (false), ``crop_size`` (0 = no crop), ``mean_file`` (a BlobProto path,
             relative to the working directory), ``mean_value`` (one value, or one per channel).
-            ``force_color`` / ``force_gray`` apply to encoded records only and are ignored.
+            ``force_color`` / ``force_gray``: how encoded records are decoded (colour, grey;
+            neither: the file's own channels); raw records ignore them (one warning).
         phase: caffe_pb2.TRAIN or caffe_pb2.TEST (random crops in TRAIN, centre crops in TEST).
         error: callable turning a message into the exception to raise (a layer passes its
             ``error`` so that messages name it); default CaffeError.
@@ -108,8 +122,9 @@ class DataTransformer:
                 raise error(f"transform_param.mean_file: {exc}") from None
         elif len(param.mean_value):
             self.mean_values = numpy.asarray(param.mean_value, dtype=numpy.float32)
-        if param.force_color or param.force_gray:
-            logger.warning("force_color and force_gray only for encoded datum")
+        self.force_color = bool(param.force_color)
+        self.force_gray = bool(param.force_gray)
+        self._warned_force = False
 
     # -- randomness ----------------------------------------------------------------------------
     @property
@@ -129,11 +144,6 @@ class DataTransformer:
         else:
             self.rng = None
 
-    def _rand(self, n):
-        if self.rng is None:
-            raise self.error("the data transformer needs randomness but init_rand() was not called")
-        return self.rng.word() % n
-
     # -- shapes --------------------------------------------------------------------------------
     def output_shape(self, channels, height, width):
         """(C, H', W') of a transformed (C, H, W) record (Caffe's ``InferBlobShape`` without N).
@@ -149,8 +159,97 @@ class DataTransformer:
         return (channels, height, width)
 
     def infer_shape(self, datum):
-        """(C, H', W') the transformed ``datum`` will have."""
-        return self.output_shape(*datum_to_array(datum, self.error).shape)
+        """(C, H', W') the transformed ``datum`` will have (Caffe's ``InferBlobShape``; an
+        encoded record is decoded)."""
+        return self.output_shape(*self.record_pixels(datum).shape)
+
+    # -- records -------------------------------------------------------------------------------
+    def record_pixels(self, datum, where=None):
+        """A Datum's pixels as a (C, H, W) array: uint8 or float32 for a raw record; for an
+        encoded one the decoded image (a view of OpenCV's (H, W, C) array), in colour with
+        ``force_color``, in grey with ``force_gray``, else with the file's own channels.
+        Thread-safe (the data threads call it).
+
+        Args:
+            datum: a ``caffe_pb2.Datum``.
+            where: what names the record in messages (e.g. its key and database), or None.
+
+        Raises:
+            the ``error`` exception: both force flags with an encoded record; bytes that do not
+            decode; a decoded image deeper than 8 bits (Caffe: "Image data type must be unsigned
+            byte"); a raw record of the wrong size (see :func:`datum_to_array`).
+        """
+        prefix = f"{where}: " if where else ""
+        if not datum.encoded:
+            if (self.force_color or self.force_gray) and not self._warned_force:
+                self._warned_force = True
+                logger.warning("force_color and force_gray only for encoded datum")
+            return datum_to_array(datum, lambda msg: self.error(prefix + msg))
+        if self.force_color and self.force_gray:
+            raise self.error("cannot set both force_color and force_gray")
+        mode = "color" if self.force_color else "gray" if self.force_gray else "native"
+        image = decode_image(datum.data, mode)
+        if image is None:
+            raise self.error(f"{prefix}could not decode the encoded image "
+                             f"({len(datum.data)} bytes; not a complete JPEG/PNG)")
+        if image.dtype != numpy.uint8:
+            raise self.error(f"{prefix}Image data type must be unsigned byte (the decoded "
+                             f"image is {image.dtype}; store 8-bit images)")
+        return image_to_chw(image)
+
+    def plan_records(self, records, names=None, hint=""):
+        """Check one batch of records against Caffe's rules and draw its crops and mirrors.
+
+        Args:
+            records: a list of N (C, H, W) arrays (uint8 or float32), any strides.
+            names: N strings naming the records in messages, or None.
+            hint: added to the message when sizes differ without a crop.
+
+        Returns:
+            (records, TransformPlan): the records to transform and the plan for them. When all
+            records have the first one's shape these are the records given and the drawn
+            offsets; when a crop makes records of other sizes fit, each record comes back as its
+            crop window (a view), with the plan's offsets 0 (``last_params`` keeps the drawn
+            ones).
+
+        Raises:
+            the ``error`` exception: a record with other channels than the first; without a
+            crop, another height or width; a record smaller than the crop; a mean that does not
+            match.
+        """
+        def name(i):
+            return names[i] if names else f"record {i} of the batch"
+        n = len(records)
+        c, h, w = records[0].shape
+        crop = self.crop_size
+        uniform = True
+        for i, record in enumerate(records):
+            rc, rh, rw = record.shape
+            if rc != c:
+                raise self.error(f"{name(i)} has {rc} channels, the batch's first record {c}")
+            if crop:
+                self.output_shape(rc, rh, rw)       # at least the crop
+            elif (rh, rw) != (h, w):
+                raise self.error(f"{name(i)} is {rh}x{rw}, the batch's first record {h}x{w}: "
+                                 "without crop_size all records of a batch must have one size"
+                                 + hint)
+            uniform = uniform and (rh, rw) == (h, w)
+        _, out_h, out_w = self.output_shape(c, h, w)
+        if not uniform and self.mean is not None:
+            for i, record in enumerate(records):
+                self._check_mean(*record.shape)     # raises for the first that differs
+        mean = self._check_mean(c, h, w)
+        heights = numpy.array([r.shape[1] for r in records], numpy.int64)
+        widths = numpy.array([r.shape[2] for r in records], numpy.int64)
+        params = self.draw_params(n, heights, widths)
+        self.last_params = params
+        if uniform:
+            return records, TransformPlan(self, (n, c, out_h, out_w), params, mean, self.scale)
+        cropped = [r[:, p[1]:p[1] + crop, p[2]:p[2] + crop] for r, p in zip(records, params)]
+        window_params = params.copy()
+        window_params[:, 1:] = 0
+        return cropped, TransformPlan(self, (n, c, out_h, out_w), window_params, mean,
+                                      self.scale)
 
     # -- transforming --------------------------------------------------------------------------
     def _check_mean(self, channels, height, width):
@@ -170,27 +269,36 @@ class DataTransformer:
         return None
 
     def draw_params(self, n, height, width):
-        """Draw ``[mirror, h_off, w_off]`` for ``n`` images of size ``height`` x ``width``.
+        """Draw ``[mirror, h_off, w_off]`` for ``n`` images of size ``height`` x ``width`` (ints,
+        or one per image).
 
-        Per image, in Caffe's order: mirror (when ``mirror``), then h_off, w_off (crop in TRAIN).
-        Without randomness: no mirror, centre crop (or offset 0 without crop).
+        Per image, in Caffe's order: mirror (when ``mirror``), then h_off, w_off (crop in TRAIN),
+        each ``word % range`` of one word of the transformer's stream. Without randomness: no
+        mirror, centre crop (or offset 0 without crop).
 
         Returns:
             int64 array (n, 3).
         """
         crop = self.crop_size
+        heights = numpy.broadcast_to(numpy.asarray(height, numpy.int64), (n,))
+        widths = numpy.broadcast_to(numpy.asarray(width, numpy.int64), (n,))
         params = numpy.zeros((n, 3), numpy.int64)
         if crop and self.phase != TRAIN:
-            params[:, 1] = (height - crop) // 2
-            params[:, 2] = (width - crop) // 2
+            params[:, 1] = (heights - crop) // 2
+            params[:, 2] = (widths - crop) // 2
         random_crop = bool(crop) and self.phase == TRAIN
-        if self.mirror or random_crop:
-            for i in range(n):
-                if self.mirror:
-                    params[i, 0] = self._rand(2)
-                if random_crop:
-                    params[i, 1] = self._rand(height - crop + 1)
-                    params[i, 2] = self._rand(width - crop + 1)
+        per_image = int(self.mirror) + 2 * int(random_crop)
+        if n and per_image:
+            if self.rng is None:
+                raise self.error("the data transformer needs randomness but init_rand() was "
+                                 "not called")
+            # One word per Rand(n), image after image: the same words as Caffe's calls.
+            words = self.rng.words(n * per_image).astype(numpy.int64).reshape(n, per_image)
+            if self.mirror:
+                params[:, 0] = words[:, 0] % 2
+            if random_crop:
+                params[:, 1] = words[:, -2] % (heights - crop + 1)
+                params[:, 2] = words[:, -1] % (widths - crop + 1)
         return params
 
     def plan(self, shape):
@@ -249,30 +357,18 @@ class DataTransformer:
         plan.run(batch, out)
         return out
 
-    def stack_datums(self, datums):
-        """The raw values of ``caffe_pb2.Datum`` records of one shape: (N, C, H, W), uint8
-        (``data``) or float32 (``float_data``), untransformed.
-
-        Raises:
-            the ``error`` exception: a record is invalid (see :func:`datum_to_array`) or differs
-            in shape from the first.
-        """
-        arrays = [datum_to_array(d, self.error) for d in datums]
-        first = arrays[0].shape
-        for i, a in enumerate(arrays):
-            if a.shape != first:
-                raise self.error(f"record {i} of the batch has shape {a.shape}, the first {first}; "
-                                 "all records of a batch must have one shape")
-        return numpy.stack(arrays)
-
     def transform_datums(self, datums):
-        """Transform a list of ``caffe_pb2.Datum`` records of one shape into (N, C, H', W') float32.
+        """Transform a list of ``caffe_pb2.Datum`` records (raw or encoded) into (N, C, H', W')
+        float32, under :meth:`plan_records`'s rules.
 
         Raises:
-            the ``error`` exception: a record is invalid (see :func:`datum_to_array`) or differs
-            in shape from the first.
+            the ``error`` exception: a record is invalid (see :meth:`record_pixels`) or does not
+            fit the first (see :meth:`plan_records`).
         """
-        return self.transform(self.stack_datums(datums))
+        records, plan = self.plan_records([self.record_pixels(d) for d in datums])
+        out = numpy.empty(plan.out_shape, numpy.float32)
+        plan.run(records, out)
+        return out
 
     def transform_datum(self, datum):
         """Transform one Datum into a (C, H', W') float32 array."""
@@ -295,10 +391,32 @@ class TransformPlan:
         self.transformer = transformer
         self.out_shape, self.params, self.mean, self.scale = out_shape, params, mean, scale
 
-    def run(self, batch, out, params=None):
-        """Write the transformed ``batch`` (N, C, H, W) into ``out`` (:attr:`out_shape`,
-        float32) with the kernel set of ``out``'s device (``transform``); ``params``: this
-        plan's, or the same values already on the device (int32 (N, 3))."""
+    def run(self, batch, out, params=None, workers=None):
+        """Write the transformed records into ``out`` (:attr:`out_shape`, float32) with the
+        kernel set of ``out``'s device (``transform``).
+
+        Args:
+            batch: (N, C, H, W) array, or a list of N (C, H, W) arrays (what
+                :meth:`DataTransformer.plan_records` returns), on the host or on ``out``'s
+                device.
+            out: the result.
+            params: this plan's (None), or the same values already on the device (int32 (N, 3)).
+            workers: a :class:`caffe_engine.io.workers.Workers` to spread the records over (one
+                kernel call per record; the result does not depend on it), or None: one call for
+                an array, one per record for a list, on this thread.
+        """
         mean = self.transformer.mean_like(self.mean, out)
-        kernels.for_array(out).transform(batch, out, self.params if params is None else params,
-                                         mean, self.scale)
+        kernel_set = kernels.for_array(out)
+        params = self.params if params is None else params
+        if workers is None and not isinstance(batch, (list, tuple)):
+            kernel_set.transform(batch, out, params, mean, self.scale)
+            return
+
+        def one(i):
+            kernel_set.transform(batch[i][None], out[i:i + 1], params[i:i + 1], mean,
+                                 self.scale)
+        if workers is None:
+            for i in range(len(batch)):
+                one(i)
+        else:
+            workers.run(one, len(batch))

@@ -34,6 +34,7 @@ import sys
 import numpy
 
 from .. import backend, kernels
+from ..io import workers as data_workers
 from . import peer_watch
 from ..errors import CaffeError, one_line
 from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
@@ -101,7 +102,9 @@ def share_cores(comm):
     on 2 cores, 2 LeNet ranks with 2 OpenBLAS threads each ran at 4 it/s instead of 20, the
     spinning BLAS threads starving the rank that MPI is waiting on. So the ranks sharing a host
     (an ``MPI_COMM_TYPE_SHARED`` split; collective) each take ``cores // local ranks`` threads
-    (at least 1), set through threadpoolctl and :func:`caffe_engine.kernels.set_threads`.
+    (at least 1), set through threadpoolctl and :func:`caffe_engine.kernels.set_threads`, and
+    as many data threads (:mod:`caffe_engine.io.workers`; unless ``CAFFE_ENGINE_DATA_THREADS``
+    is set).
     Nothing changes when the user has fixed a count with
     ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` (and the like) or ``CAFFE_BLAS_THREADS``, when
     threadpoolctl is missing, or for a one-process communicator.
@@ -127,6 +130,8 @@ def share_cores(comm):
     # The limit holds for the process's lifetime (the object is not used as a context manager).
     threadpool_limits(limits=threads, user_api="blas")
     kernels.set_threads(threads)
+    if not os.environ.get("CAFFE_ENGINE_DATA_THREADS"):
+        data_workers.set_threads(threads)
     logging.getLogger("caffe_engine").debug("%d ranks on this host: %d BLAS threads each",
                                             local_size, threads)
     return threads

@@ -69,18 +69,20 @@ def _assign(blob, array):
 class HostStaging:
     """The NumPy staging: transform on the loading thread, copy into the tops in ``deliver``.
 
-    ``stage(data, label, transform)``: ``data`` a host array (the raw records when
-    ``transform`` is given, else the float32 batch itself), ``label`` a host array or None,
-    ``transform`` None or an object with ``out_shape``, ``params`` (host int (N, 3)) and
-    ``run(batch, out, params)`` (:class:`caffe_engine.data_transformer.TransformPlan`).
+    ``stage(data, label, transform, workers)``: ``data`` the raw records when ``transform`` is
+    given (an (N, C, H, W) host array or a list of N (C, H, W) ones), else the float32 batch
+    itself; ``label`` a host array or None; ``transform`` None or an object with ``out_shape``,
+    ``params`` (host int (N, 3)) and ``run(batch, out, params, workers)``
+    (:class:`caffe_engine.data_transformer.TransformPlan`); ``workers`` None or the data
+    threads (:mod:`caffe_engine.io.workers`) the transform is spread over, a record each.
     """
 
     on_device = False
 
-    def stage(self, data, label=None, transform=None):
+    def stage(self, data, label=None, transform=None, workers=None):
         if transform is not None:
             out = numpy.empty(transform.out_shape, numpy.float32)
-            transform.run(data, out, transform.params)
+            transform.run(data, out, transform.params, workers)
             data = out
         return Staged(data=data, label=label)
 
@@ -134,13 +136,17 @@ class DeviceStaging:
     def slots(self):
         return len(self._slots)
 
-    def stage(self, data, label=None, transform=None):
-        """Pack ``data`` (+ the transform's params as int32 (N, 3)) (+ ``label``) into the next
-        slot's pinned buffer and start its copy to the device (called on the loading thread).
+    def stage(self, data, label=None, transform=None, workers=None):
+        """Pack ``data`` (an array, or a list of records of one shape, stacked) (+ the
+        transform's params as int32 (N, 3)) (+ ``label``) into the next slot's pinned buffer
+        and start its copy to the device (called on the loading thread). ``workers`` is not
+        used: the transform runs on the device in :meth:`deliver`.
 
         Raises:
             RuntimeError: the next slot still holds a batch not delivered nor discarded.
         """
+        if isinstance(data, (list, tuple)):
+            data = numpy.stack(data)
         arrays = [numpy.ascontiguousarray(data)]
         if transform is not None:
             arrays.append(numpy.ascontiguousarray(transform.params, dtype=numpy.int32))

@@ -3,23 +3,14 @@
 Caffe: src/caffe/layers/image_data_layer.cpp, src/caffe/layers/window_data_layer.cpp,
 src/caffe/util/io.cpp (``ReadImageToCVMat``), include/caffe/util/rng.hpp (``shuffle``).
 
-Images are decoded with Pillow into what OpenCV's ``imread`` gives Caffe: uint8 (H, W, 3) in
-**BGR** order for colour, (H, W) for grey. Resizing reproduces OpenCV's ``cv::resize`` with
-``INTER_LINEAR`` on 8-bit images (see :func:`cv_resize_linear`).
-
-Known differences from OpenCV-based Caffe:
-
-* Resizing reproduces OpenCV's fixed-point INTER_LINEAR, including its vectorised rounding of
-  the vertical pass: bit-identical to OpenCV 5's ``cv::resize`` on 300 random size pairs (the
-  check in the tests needs cv2 and skips without it). OpenCV versions that round the last few
-  elements of a row (those their SIMD loop leaves) with the scalar formula can differ there by 1.
-* Grey images from colour files follow OpenCV's three routes (libjpeg's luma output for JPEG,
-  libpng's truncated luma for PNG, ``cvtColor``'s rounded luma otherwise); PNG files with gamma
-  chunks, which libpng would run through gamma tables, get the plain formula.
-* JPEG decoding goes through Pillow's libjpeg; another libjpeg build (OpenCV's) may decode a few
-  pixels differently. EXIF orientation is not applied (as in the OpenCV 2.4 Caffe was built
-  with). 16-bit images are not converted as OpenCV does (OpenCV keeps the high byte).
+Images are read, decoded and resized by OpenCV (:mod:`caffe_engine.io.images`), as Caffe's
+``cv::imread`` and ``cv::resize(..., INTER_LINEAR)``: uint8 (H, W, 3) in **BGR** order for
+colour, (H, W) for grey, the EXIF orientation applied (OpenCV 3.1 and later, as Caffe built with
+them). Both layers prefetch (:mod:`caffe_engine.layers.prefetch`): the list order and every
+random draw are taken on the prefetch thread in Caffe's order, the decoding and warping are
+spread over the data threads.
 """
+import copy
 import logging
 import math
 
@@ -27,23 +18,13 @@ import numpy
 
 from .. import rng as caffe_rng
 from ..data_transformer import DataTransformer
-from ..errors import CaffeError
-from ..io.staging import staging_for
 from ..proto import caffe_pb2
+from ..io import workers as data_workers
 from ..io.images import cv_resize_linear, image_to_chw, read_image, read_image_resized  # noqa: F401
-from .base import Layer, register
-from .data import Batch
+from .base import register
+from .prefetch import Batch, BasePrefetchingDataLayer, synced
 
 logger = logging.getLogger("caffe_engine")
-
-
-def _staging(layer, top):
-    """The layer's staging (:mod:`caffe_engine.io.staging`), made for its tops' device on first
-    use. Two slots: the batch is delivered in the forward that staged it."""
-    staging = getattr(layer, "_staging", None)
-    if staging is None:
-        staging = layer._staging = staging_for(top[0].data, slots=2)
-    return staging
 
 
 def caffe_shuffle(items, stream):
@@ -84,13 +65,14 @@ def _moved_transform_param(layer, deprecated_param, fields):
 # ImageData
 # ------------------------------------------------------------------------------------------------
 @register("ImageData")
-class ImageDataLayer(Layer):
+class ImageDataLayer(BasePrefetchingDataLayer):
     """Batches of image files named in a list file, decoded, resized, and transformed.
 
     Tops: ``data`` (N, C, H, W) float32 (C = 3, BGR, or 1 with ``is_color: false``; H, W the
     image's, or new_height/new_width, or crop_size); ``label`` (N,) float32, the integers of the
-    list. N is ``batch_size``. Without resizing, each batch takes the size of its first image
-    and every image of a batch must have it.
+    list. N is ``batch_size``. Each batch takes the size of its first image; the others must have
+    it, unless ``crop_size`` crops each on its own (see
+    :meth:`~caffe_engine.data_transformer.DataTransformer.plan_records`).
 
     List file: one ``path label`` per line, the label after the last space (so paths may hold
     spaces); blank lines are skipped. Each path is read as ``root_folder + path`` (a plain
@@ -108,17 +90,25 @@ class ImageDataLayer(Layer):
     new_height, new_width (0: no resize; both or neither), is_color (true), rand_skip (0);
     deprecated scale, mean_file, crop_size, mirror are moved into transform_param when that does
     not set them. transform_param: see :class:`~caffe_engine.data_transformer.DataTransformer`.
+    Four batches are loaded ahead (Caffe's default ``prefetch``).
+
+    Attributes:
+        lines, lines_id: the list (in its current order) and the next line to read, positioned
+            after the last batch forwarded (reading them stops prefetching).
 
     Raises:
         CaffeError naming the layer: the list cannot be read or is empty; a line has no integer
         label; only one of new_height/new_width; batch_size 0; more skipped than listed; an image
-        cannot be decoded; images of a batch differ in size; transformation errors.
+        cannot be decoded; images of a batch differ in size without a crop; transformation errors.
 
     Caffe: src/caffe/layers/image_data_layer.cpp.
     """
 
-    exact_num_bottom = 0
     exact_num_top = 2
+    size_hint = "; set new_height/new_width"
+
+    lines = synced("lines", "The list of (path, label), in its current order.")
+    lines_id = synced("lines_id", "The next line to read.")
 
     def layer_setup(self, bottom, top):
         p = self.param.image_data_param
@@ -129,34 +119,35 @@ class ImageDataLayer(Layer):
         self.shuffle = bool(p.shuffle)
         if (self.new_height > 0) != (self.new_width > 0):
             raise self.error("new_height and new_width must be set at the same time")
-        self.transformer = DataTransformer(
+        self._transformer = DataTransformer(
             _moved_transform_param(self, p, ("scale", "mean_file", "crop_size", "mirror")),
             self.phase, error=self.error)
-        self.transformer.init_rand()
+        self._transformer.init_rand()
 
         logger.info("Opening file %s", p.source)
-        self.lines = self._read_list(p.source)
+        self._lines = self._read_list(p.source)
         self.prefetch_rng = None
         if self.shuffle:
             logger.info("Shuffling data")
             self.prefetch_rng = caffe_rng.CaffeRNG(caffe_rng.get_rng().word())
-            caffe_shuffle(self.lines, self.prefetch_rng)
-        logger.info("A total of %d images.", len(self.lines))
-        self.lines_id = 0
+            caffe_shuffle(self._lines, self.prefetch_rng)
+        logger.info("A total of %d images.", len(self._lines))
+        self._lines_id = 0
         if p.rand_skip:
             skip = caffe_rng.get_rng().word() % int(p.rand_skip)
             logger.info("Skipping first %d data points.", skip)
-            if skip >= len(self.lines):
-                raise self.error(f"not enough points to skip ({skip} of {len(self.lines)})")
-            self.lines_id = skip
+            if skip >= len(self._lines):
+                raise self.error(f"not enough points to skip ({skip} of {len(self._lines)})")
+            self._lines_id = skip
         if self.batch_size <= 0:
             raise self.error("image_data_param.batch_size must be positive")
-        image = self._read(self.lines_id)
-        shape = (self.batch_size,) + self.transformer.output_shape(*image_to_chw(image).shape)
+        path = self._lines[self._lines_id][0]
+        image = self._decode(self.root_folder + path, path)
+        shape = (self.batch_size,) + self._transformer.output_shape(*image.shape)
         top[0].reshape(shape)
         logger.info("output data size: %s", ",".join(str(d) for d in shape))
         top[1].reshape((self.batch_size,))
-        self.transformer.init_rand()
+        self._transformer.init_rand()
         self.thread_seed = caffe_rng.get_rng().word()
 
     def _read_list(self, source):
@@ -180,58 +171,51 @@ class ImageDataLayer(Layer):
             raise self.error(f"image list '{source}' is empty")
         return lines
 
-    def _read(self, index):
-        path = self.root_folder + self.lines[index][0]
-        return read_image_resized(path, self.new_height, self.new_width, self.is_color, self.error)
-
-    def reshape(self, bottom, top):
-        """Nothing to do: the tops take each batch's shape in :meth:`forward` (as in Caffe)."""
-
     def resume_state(self):
         """The list order (shuffled or not) and the next line (see solvers/resume.py)."""
-        return {"lines": [[path, label] for path, label in self.lines], "lines_id": self.lines_id}
+        self._sync()
+        return {"lines": [[path, label] for path, label in self._lines],
+                "lines_id": self._lines_id}
 
     def restore_resume_state(self, state):
         """Continue from a :meth:`resume_state` snapshot."""
-        self.lines = [(str(path), int(label)) for path, label in state["lines"]]
-        self.lines_id = int(state["lines_id"])
+        self._sync()
+        self._lines = [(str(path), int(label)) for path, label in state["lines"]]
+        self._lines_id = int(state["lines_id"])
 
-    def load_batch(self):
-        """Read, resize and transform the next ``batch_size`` images (Caffe's ``load_batch``).
+    # -- the loading state (the list is replaced, never changed, when it is shuffled) -----------
+    def _prefetch_state(self):
+        transformer = self._transformer
+        return (self._lines, self._lines_id, copy.deepcopy(self.prefetch_rng),
+                copy.deepcopy(transformer.rng), transformer.last_params)
 
-        Returns:
-            Batch(data float32 (N, C, H, W) numpy array, label float32 (N,) numpy array).
-        """
-        raw, labels = self._read_batch()
-        return Batch(self.transformer.transform(raw), labels)
+    def _rewind(self, state):
+        (self._lines, self._lines_id, self.prefetch_rng, self._transformer.rng,
+         self._transformer.last_params) = state
 
+    # -- batches -------------------------------------------------------------------------------
     def _read_batch(self):
-        """The next ``batch_size`` images, untransformed: (uint8 (N, C, H, W), float32 (N,))."""
-        images, labels = [], []
+        """The next ``batch_size`` lines in order: (paths, labels float32 (N,), names); at the
+        end of the list back to its start, shuffled again with ``shuffle``."""
+        paths, labels, names = [], [], []
         for _ in range(self.batch_size):
-            chw = image_to_chw(self._read(self.lines_id))
-            if images and chw.shape != images[0].shape:
-                raise self.error(f"image '{self.lines[self.lines_id][0]}' is {chw.shape[2]}x"
-                                 f"{chw.shape[1]}, the batch's first {images[0].shape[2]}x"
-                                 f"{images[0].shape[1]}; set new_height/new_width")
-            images.append(chw)
-            labels.append(self.lines[self.lines_id][1])
-            self.lines_id += 1
-            if self.lines_id >= len(self.lines):
+            path, label = self._lines[self._lines_id]
+            paths.append(self.root_folder + path)
+            names.append(f"image '{path}'")
+            labels.append(label)
+            self._lines_id += 1
+            if self._lines_id >= len(self._lines):
                 logger.debug("Restarting data prefetching from start.")
-                self.lines_id = 0
+                self._lines_id = 0
                 if self.shuffle:
-                    caffe_shuffle(self.lines, self.prefetch_rng)
-        return numpy.stack(images), numpy.asarray(labels, dtype=numpy.float32)
+                    lines = list(self._lines)
+                    caffe_shuffle(lines, self.prefetch_rng)
+                    self._lines = lines
+        return paths, numpy.asarray(labels, dtype=numpy.float32), names
 
-    def forward(self, bottom, top):
-        """Read the next batch, draw its transform on the host and stage it
-        (:mod:`caffe_engine.io.staging`: transformed here on the CPU; on the GPU the uint8
-        images go to the device and are transformed there)."""
-        staging = _staging(self, top)
-        raw, labels = self._read_batch()
-        staged = staging.stage(raw, labels, self.transformer.plan(raw.shape))
-        staging.deliver(staged, top[0], top[1])
+    def _decode(self, path, name):
+        return image_to_chw(read_image_resized(path, self.new_height, self.new_width,
+                                               self.is_color, self.error))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,7 +228,7 @@ def _c_round(x):
 
 
 @register("WindowData")
-class WindowDataLayer(Layer):
+class WindowDataLayer(BasePrefetchingDataLayer):
     """R-CNN training windows: boxes cut from images, warped to ``crop_size``, fg/bg sampled.
 
     Tops: ``data`` (N, C, crop, crop) float32 (BGR); ``label`` (N,) float32 (0 = background).
@@ -285,18 +269,20 @@ class WindowDataLayer(Layer):
         foreground window with class 0; crop_size 0; an empty window list a batch needs; a
         window outside its image; an image that cannot be decoded or is not 3-channel.
 
+    Batches are prefetched (four ahead): the windows and mirror flags are drawn on the prefetch
+    thread, the images read and warped over the data threads.
+
     Caffe: src/caffe/layers/window_data_layer.cpp.
     """
 
-    exact_num_bottom = 0
     exact_num_top = 2
 
     def layer_setup(self, bottom, top):
         p = self.param.window_data_param
         self.wp = p
         tp = _moved_transform_param(self, p, ("crop_size", "mirror", "mean_file"))
-        self.transformer = DataTransformer(tp, self.phase, error=self.error)
-        self.transformer.init_rand()
+        self._transformer = DataTransformer(tp, self.phase, error=self.error)
+        self._transformer.init_rand()
         self.crop_size = int(tp.crop_size)
         self.mirror = bool(tp.mirror)
         self.prefetch_rng = None
@@ -325,17 +311,17 @@ class WindowDataLayer(Layer):
         # The mean, as the layer reads it (the transformer has loaded the file).
         self.mean = None
         self.mean_values = None
-        if self.transformer.mean is not None:
-            m = self.transformer.mean
+        if self._transformer.mean is not None:
+            m = self._transformer.mean
             self.mean = m.reshape(m.shape[-3:]) if m.ndim >= 3 else None
             if self.mean is None:
                 raise self.error(f"the mean file has shape {m.shape}; expected (1, C, H, W)")
-        elif self.transformer.mean_values is not None:
-            values = self.transformer.mean_values
+        elif self._transformer.mean_values is not None:
+            values = self._transformer.mean_values
             if values.size not in (1, channels):
                 raise self.error(f"specify either 1 mean_value or as many as channels: {channels}")
             self.mean_values = numpy.broadcast_to(values, (channels,)).astype(numpy.float32)
-        self.transformer.init_rand()
+        self._transformer.init_rand()
         self.thread_seed = caffe_rng.get_rng().word()
 
     def _read_windows(self, p):
@@ -400,8 +386,21 @@ class WindowDataLayer(Layer):
             return self._cache[index]
         return read_image(self.images[index][0], True, self.error)
 
-    def reshape(self, bottom, top):
-        pass
+    def resume_state(self):
+        """Nothing beyond the layer's streams (see solvers/resume.py), read once prefetching has
+        stopped and rewound."""
+        self._sync()
+        return {}
+
+    def restore_resume_state(self, state):
+        """Stop prefetching: the streams restored next are the layer's whole position."""
+        self._sync()
+
+    def _prefetch_state(self):
+        return copy.deepcopy(self.prefetch_rng), copy.deepcopy(self._transformer.rng)
+
+    def _rewind(self, state):
+        self.prefetch_rng, self._transformer.rng = state
 
     def _prefetch_rand(self):
         return self.prefetch_rng.word()
@@ -457,18 +456,11 @@ class WindowDataLayer(Layer):
             warped = warped[:, ::-1]
         return warped, pad_h, pad_w
 
-    def load_batch(self):
-        """Sample and warp the next batch of windows (Caffe's ``load_batch``).
-
-        Returns:
-            Batch(data float32 (N, C, crop, crop) numpy array, label float32 (N,) numpy array).
-        """
-        crop = self.crop_size
-        scale = numpy.float32(self.wp.scale)
-        data = numpy.zeros((self.batch_size, self.channels, crop, crop), numpy.float32)
-        labels = numpy.zeros(self.batch_size, numpy.float32)
+    def _sample(self):
+        """Draw the next batch's windows and mirror flags, in Caffe's order: background windows
+        first, then foreground ones, each window followed by its mirror draw."""
         num_fg = int(numpy.float32(self.batch_size) * numpy.float32(self.wp.fg_fraction))
-        item = 0
+        picks = []
         for windows, count, what in ((self.bg_windows, self.batch_size - num_fg, "background"),
                                      (self.fg_windows, num_fg, "foreground")):
             if count and not windows:
@@ -477,35 +469,54 @@ class WindowDataLayer(Layer):
             for _ in range(count):
                 window = windows[self._prefetch_rand() % len(windows)]
                 do_mirror = self.mirror and self._prefetch_rand() % 2 == 1
-                img = self._image(int(window[0]))
-                if img.shape[2] != self.channels:
-                    raise self.error(f"image {window[0]} has {img.shape[2]} channels, the window "
-                                     f"file says {self.channels}")
-                warped, pad_h, pad_w = self._warp(img, window, do_mirror)
-                h, w = warped.shape[:2]
-                pixels = warped.transpose(2, 0, 1).astype(numpy.float32)    # (C, h, w)
-                if self.mean is not None:
-                    mean_off = (self.mean.shape[2] - crop) // 2
-                    top, left = mean_off + pad_h, mean_off + pad_w
-                    mean = self.mean[:, top:top + h, left:left + w]
-                    if mean.shape != pixels.shape or top < 0 or left < 0:
-                        raise self.error(f"the mean file's shape {self.mean.shape} does not "
-                                         f"cover crop_size {crop}")
-                    pixels = (pixels - mean) * scale
-                elif self.mean_values is not None:
-                    pixels = (pixels - self.mean_values[:, None, None]) * scale
-                else:
-                    pixels = pixels * scale
-                data[item, :, pad_h:pad_h + h, pad_w:pad_w + w] = pixels
-                labels[item] = window[1]
-                item += 1
+                picks.append((window, do_mirror))
+        return picks
+
+    def _fill(self, data, item, window, do_mirror):
+        """Warp one window into ``data[item]`` (the values ``(pixel - mean) * scale``); runs on
+        the data threads."""
+        crop = self.crop_size
+        scale = numpy.float32(self.wp.scale)
+        img = self._image(int(window[0]))
+        if img.shape[2] != self.channels:
+            raise self.error(f"image {window[0]} has {img.shape[2]} channels, the window "
+                             f"file says {self.channels}")
+        warped, pad_h, pad_w = self._warp(img, window, do_mirror)
+        h, w = warped.shape[:2]
+        pixels = warped.transpose(2, 0, 1).astype(numpy.float32)    # (C, h, w)
+        if self.mean is not None:
+            mean_off = (self.mean.shape[2] - crop) // 2
+            top, left = mean_off + pad_h, mean_off + pad_w
+            mean = self.mean[:, top:top + h, left:left + w]
+            if mean.shape != pixels.shape or top < 0 or left < 0:
+                raise self.error(f"the mean file's shape {self.mean.shape} does not "
+                                 f"cover crop_size {crop}")
+            pixels = (pixels - mean) * scale
+        elif self.mean_values is not None:
+            pixels = (pixels - self.mean_values[:, None, None]) * scale
+        else:
+            pixels = pixels * scale
+        data[item, :, pad_h:pad_h + h, pad_w:pad_w + w] = pixels
+
+    def _window_batch(self):
+        """Sample and warp the next batch of windows: Batch(data, label)."""
+        crop = self.crop_size
+        picks = self._sample()
+        data = numpy.zeros((self.batch_size, self.channels, crop, crop), numpy.float32)
+        labels = numpy.array([window[1] for window, _ in picks], numpy.float32)
+        data_workers.shared().run(lambda i: self._fill(data, i, *picks[i]), len(picks))
         return Batch(data, labels)
 
-    def next_batch(self):
-        """The batch the next forward outputs (a prefetch thread may replace this)."""
-        return self.load_batch()
+    def load_batch(self):
+        """Sample and warp the next batch of windows (Caffe's ``load_batch``); first stops
+        prefetching, so this is the batch the next ``forward`` would have output.
 
-    def forward(self, bottom, top):
-        batch = self.next_batch()
-        staging = _staging(self, top)
-        staging.deliver(staging.stage(batch.data, batch.label), top[0], top[1])
+        Returns:
+            Batch(data float32 (N, C, crop, crop) numpy array, label float32 (N,) numpy array).
+        """
+        self._sync()
+        return self._window_batch()
+
+    def _load_batch(self):
+        batch = self._window_batch()
+        return self._staging.stage(batch.data, batch.label)

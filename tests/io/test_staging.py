@@ -14,7 +14,7 @@ from caffe_engine.blob import Blob
 from caffe_engine.data_transformer import DataTransformer
 from caffe_engine.io import staging as staging_module
 from caffe_engine.io.staging import ALIGN, DeviceStaging, HostStaging, staging_for
-from caffe_engine.layers import data as data_module
+from caffe_engine.layers import prefetch as data_module
 from caffe_engine.proto import caffe_pb2
 from tiny_data import batches, data_layer, make_source
 

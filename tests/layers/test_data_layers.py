@@ -683,6 +683,7 @@ def test_window_data_errors(window_file, tmp_path):
     with pytest.raises(CaffeError, match="classes must be > 0"):
         window_layer(str(tmp_path / "bad.txt"), root)
     layer, tops = window_layer(source, root, "fg_fraction: 0")
+    layer.close()                  # stop the prefetch thread setup started before changing it
     layer.bg_windows = []
     with pytest.raises(CaffeError, match="background windows"):
         forward(layer, tops)

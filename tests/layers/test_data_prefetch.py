@@ -11,7 +11,7 @@ import weakref
 import numpy
 import pytest
 
-from caffe_engine.layers import data as data_module
+from caffe_engine.layers import prefetch as data_module
 from tiny_data import batches, data_layer, make_source
 
 F32 = numpy.float32
@@ -117,6 +117,7 @@ def test_an_error_in_the_thread_is_raised_by_forward(tmp_path):
             raise ValueError("bad record")
         return real()
 
+    layer.cursor                            # the thread started at setup: stop it, rewind
     layer._load_batch = failing
     layer.forward([], top)
     with pytest.raises(ValueError, match="bad record"):

@@ -42,7 +42,7 @@ ALLOWED = {
     ("layers/indexing.py", "FilterLayer.reshape"):
         "the top's shape is the count of non-zero selectors: Caffe reads the selector on the "
         "host too (filter_layer.cpp Reshape, cpu_data)",
-    ("layers/data.py", "DataLayer.next_batch"):
+    ("layers/prefetch.py", "BasePrefetchingDataLayer.next_batch"):
         "a queue's get() (the prefetch thread's batches), not an array",
     ("solvers/resume.py", "rng_state"):
         "host random-stream state (NumPy) written into the exact-resume side file at a "

@@ -4,7 +4,7 @@ Per element, in float32 as the reference (and Caffe): ``(x - mean) * scale``, ``
 without a mean, the mean read at the uncropped position (a mean file) or per channel (mean
 values); mirrored images written with their columns reversed. Results equal the reference
 kernels' bit for bit. Runs on the calling thread without the GIL (the Data layer's prefetch
-thread), image after image.
+thread or its data threads), image after image.
 """
 import numpy
 from numba import njit
@@ -44,5 +44,7 @@ def transform(batch, out, params, mean, scale):
     else:
         kind = 1 if mean.shape[1:] == (1, 1) else 2
         mean = numpy.ascontiguousarray(mean, f32)
-    transform_batch(numpy.ascontiguousarray(batch), out, numpy.ascontiguousarray(params),
+    # Records may be strided views (a decoded (H, W, C) image seen as (C, H, W)): compiled for
+    # that layout rather than copied.
+    transform_batch(numpy.asarray(batch), out, numpy.ascontiguousarray(params),
                     mean, kind, f32(scale))
