@@ -93,27 +93,25 @@ def datum_to_array(datum):
 
 
 def decode_datum(datum, is_color=None):
-    """An encoded Datum (``encoded: true``, JPEG/PNG bytes) as a plain uint8 one (Caffe's
-    ``DecodeDatumNative`` when ``is_color`` is None: the file's own channels; else forced colour
-    or grey). Channels are BGR, as OpenCV decodes them for Caffe. A plain Datum is returned as is.
+    """An encoded Datum (``encoded: true``, JPEG/PNG bytes) as a plain uint8 one, decoded by
+    OpenCV as Caffe's ``DecodeDatumNative`` (``is_color`` None: the file's own channels) or
+    ``DecodeDatum(datum, is_color)`` (forced colour or grey). Channels are BGR(A), as OpenCV
+    decodes them for Caffe. A plain Datum is returned as is. (An engine addition: pycaffe's
+    ``caffe.io`` has no decoder; its ``datum_to_array`` reads raw records only, as here.)
 
     Raises:
-        CaffeError: the bytes cannot be decoded.
+        CaffeError: the bytes cannot be decoded, or decode to more than 8 bits per sample.
     """
     if not datum.encoded:
         return datum
-    import io
-    from PIL import Image
-    from .images import read_image
-    if is_color is None:
-        try:
-            with Image.open(io.BytesIO(datum.data)) as img:
-                is_color = img.mode not in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
-        except (OSError, ValueError, SyntaxError):
-            raise CaffeError("cannot decode an encoded Datum: not a readable image") from None
-    image = read_image(io.BytesIO(datum.data), is_color=is_color,
-                       error=lambda _: CaffeError("cannot decode an encoded Datum: not a readable image"))
-    chw = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+    from .images import decode_image, image_to_chw
+    mode = "native" if is_color is None else "color" if is_color else "gray"
+    image = decode_image(datum.data, mode)
+    if image is None:
+        raise CaffeError("cannot decode an encoded Datum: not a readable image")
+    if image.dtype != numpy.uint8:
+        raise CaffeError(f"cannot decode an encoded Datum to bytes: its samples are {image.dtype}")
+    chw = image_to_chw(image)
     out = _pb2().Datum()
     out.channels, out.height, out.width = (int(d) for d in chw.shape)
     out.data = numpy.ascontiguousarray(chw).tobytes()

@@ -41,6 +41,7 @@ def compute_mean(input_db, log=None, backend="lmdb"):
     Raises:
         ToolError / CaffeError: unreadable or empty DB, a record of another size.
     """
+    from ..errors import CaffeError
     from ..io.arrays import decode_datum
     from ..io.db import open_db
     from ..log import logger
@@ -57,7 +58,11 @@ def compute_mean(input_db, log=None, backend="lmdb"):
             if datum.encoded:
                 if i == 0:
                     log.info("Decoding Datum")
-                datum = decode_datum(datum)
+                try:
+                    datum = decode_datum(datum)
+                except CaffeError as exc:
+                    raise ToolError(f"record {i} (key {cursor.key().decode(errors='replace')}) "
+                                    f"of '{input_db}': {exc}") from None
             size = datum.channels * datum.height * datum.width
             if total is None:
                 shape = (datum.channels, datum.height, datum.width)
