@@ -1,24 +1,70 @@
 """convert_imageset: a list of images and labels -> an LMDB or LevelDB of Caffe ``Datum`` records.
 
-Caffe: tools/convert_imageset.cpp, src/caffe/util/io.cpp (``ReadImageToDatum``,
-``CVMatToDatum``, ``ReadFileToDatum``).
+Caffe: tools/convert_imageset.cpp, src/caffe/util/io.cpp (``ReadImageToDatum``, ``matchExt``,
+``ReadFileToDatum``, ``CVMatToDatum``).
 
 Usage::
 
     convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
 
-LISTFILE has one ``relative/path.jpg LABEL`` per line (the label after the last space). Each
-image is decoded as Caffe's OpenCV build does (BGR colour or grey, uint8; see
-:mod:`caffe_engine.layers.image_data`), optionally resized (OpenCV's bilinear), and stored as a
-Datum (C, H, W bytes, ``label``) under the key ``%08d_<path>`` of its line number. With
-``--encoded`` the Datum holds the compressed file instead (the file's own bytes when it needs no
-change, else re-encoded as ``--encode_type``), as Caffe's. Images that cannot be read are
-logged and skipped. ``--shuffle`` shuffles the lines first with Caffe's ``shuffle`` over a
-mt19937 stream seeded by ``--seed`` (default: from the clock, as Caffe's is). ``--backend``
-``lmdb`` (default) or ``leveldb``; records are committed 1,000 at a time, as Caffe's.
+LISTFILE has one ``relative/path.jpg LABEL`` per line (the label after the last space, so names
+may hold spaces). Each line becomes one record under the key ``%08d_<path>`` of its position in
+the (shuffled) list. A file that cannot be read is logged (``Could not open or find file``) and
+skipped, its number used up, as in Caffe. ``--backend`` ``lmdb`` (default) or ``leveldb``;
+records are committed 1,000 at a time, as Caffe's.
+
+Each image is read as Caffe's ``ReadImageToDatum`` does, through OpenCV itself
+(:mod:`caffe_engine.io.images`): ``cv::imread`` in colour (BGR) or, with ``--gray``, grey; then
+``cv::resize`` (bilinear) to ``--resize_height`` x ``--resize_width`` when both are > 0. Then:
+
+* without an encoding: a raw Datum, ``channels``/``height``/``width`` set and ``data`` the
+  (C, H, W) uint8 bytes (Caffe's ``CVMatToDatum``);
+* with an encoding (``--encoded``, or ``--encode_type=jpg|png|...``, which implies it with
+  Caffe's INFO line ``encode_type specified, assuming encoded=true.``): ``encoded: true`` and no
+  sizes; ``data`` is the file's own bytes (``ReadFileToDatum``) when the image needs no change
+  (no resize, and the decoded image has 3 channels exactly when colour was asked for) and the
+  file's extension matches the encoding (Caffe's ``matchExt``: the text after the path's last
+  dot, lower-cased, equals the encoding, or is ``jpeg`` for the encoding ``jpg``, not the other
+  way round); otherwise the decoded (and resized) image compressed by ``cv2.imencode("." +
+  encoding)`` with OpenCV's default parameters (JPEG quality 95, PNG compression 1), exactly as
+  Caffe's ``cv::imencode``. ``--encoded`` without ``--encode_type`` uses each file's extension,
+  lower-cased, as its encoding.
+
+  Caffe's colour test looks at the *decoded* image, which ``imread`` always gives 3 channels in
+  colour and 1 in grey, so it never fails: a grey ``.png`` converted in colour mode, or a colour
+  ``.jpg`` converted with ``--gray``, is stored as the file's own bytes, and its records decode
+  (natively, as the Data layer does without ``force_color`` / ``force_gray``) with the file's
+  own channels. This is reproduced as is; set ``transform_param { force_color: true }`` (or
+  ``force_gray``) in the Data layer, or re-encode with a resize or another ``--encode_type``.
+
+``--shuffle`` shuffles the lines first with Caffe's ``shuffle`` over a mt19937 stream seeded by
+``--seed`` (default: from the clock, as Caffe's is).
+
+Differences from Caffe, on purpose:
+
+* ``--check_size``: Caffe compares each record's ``data`` length with the first record's
+  ``channels * height * width``. Encoded records have neither sizes nor a ``data`` length that
+  tells the image's size, so Caffe stops on the second encoded record whatever the images.
+  Here, with an encoding, the check compares the decoded (and resized) images' (C, H, W)
+  instead, which is what a user checking an encoded set needs; without one it is Caffe's
+  (``data`` length against the first record's C*H*W). Either way a mismatch stops the tool with
+  one line naming the file and both sizes.
+* ``--encoded`` without ``--encode_type`` and a name whose file name has no extension (no dot
+  after the last ``/``, or a final dot): Caffe logs ``Failed to guess the encoding`` and goes on
+  with the whole name as the encoding, so ``cv::imencode`` then throws and the tool aborts (or,
+  by accident, stores the file's bytes). Here the list is checked before anything is written,
+  and the tool stops with one line naming the line and file and asking for ``--encode_type``.
+  A guessed or given encoding that OpenCV cannot write stops the tool, naming the file, when
+  the first image that needs re-encoding comes (Caffe's uncaught ``cv::Exception``).
+* Errors are one line on stderr and exit status 1 (Caffe: a ``CHECK`` failure and a core
+  dump), and a failed or interrupted run leaves no DB_NAME behind: the database is written
+  into a hidden sibling folder (``.DB_NAME.partial-<pid>``) and renamed to DB_NAME only when
+  complete (Caffe leaves the records committed so far). DB_NAME must not exist, as in Caffe.
+* Blank lines of LISTFILE are skipped (Caffe reads them as an empty name, a file that cannot be
+  read, so a blank line in the middle shifts the following keys' numbers by one there).
 """
-import io
 import os
+import shutil
 import sys
 import time
 
@@ -42,7 +88,8 @@ def build_parser():
                    help="the backend {lmdb, leveldb} for storing the result (default lmdb)")
     p.add_argument("--resize_width", type=int, default=0, help="width images are resized to")
     p.add_argument("--resize_height", type=int, default=0, help="height images are resized to")
-    add_bool(p, "check_size", "check that all the datum have the same size")
+    add_bool(p, "check_size", "check that all the images have the same size (with --encoded: "
+             "the decoded images' channels, height and width)")
     add_bool(p, "encoded", "store the encoded image in the datum")
     p.add_argument("--encode_type", default="",
                    help="what type to encode the image as ('png', 'jpg', ...); implies --encoded")
@@ -50,7 +97,7 @@ def build_parser():
 
 
 def read_list(path):
-    """``[(filename, label)]`` from a list file (label after the last space).
+    """``[(filename, label)]`` from a list file (label after the last space; blank lines skipped).
 
     Raises:
         ToolError: unreadable file, or a line without an integer label.
@@ -72,52 +119,119 @@ def read_list(path):
     return lines
 
 
-_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "bmp": "BMP", "tif": "TIFF",
-            "tiff": "TIFF", "ppm": "PPM", "pgm": "PPM", "webp": "WEBP"}
+def _ascii_lower(text):
+    """Lower-case ASCII letters only (C's ``::tolower`` in the "C" locale, as Caffe calls it)."""
+    return "".join(c.lower() if c.isascii() else c for c in text)
 
 
-def encode_image(image, encoding):
-    """Compress a decoded uint8 image (BGR or grey, as OpenCV holds it) as ``encoding``."""
-    from PIL import Image
-    fmt = _FORMATS.get(encoding.lower())
-    if fmt is None:
-        raise ToolError(f"unknown --encode_type '{encoding}' (known: {', '.join(sorted(_FORMATS))})")
-    pixels = image[:, :, ::-1] if image.ndim == 3 else image  # BGR -> RGB for the file
-    buf = io.BytesIO()
-    options = {"quality": 95} if fmt == "JPEG" else {}         # OpenCV's default JPEG quality
-    Image.fromarray(pixels).save(buf, format=fmt, **options)
-    return buf.getvalue()
+def match_ext(filename, encoding):
+    """Caffe's ``matchExt``: does ``filename``'s extension match ``encoding``?
+
+    The extension is what follows the last ``.`` of the whole path (the whole path when it has
+    none); both are lower-cased; they match when equal, or when the encoding is ``jpg`` and the
+    extension ``jpeg`` (not the other way round: a ``.jpg`` file with the encoding ``jpeg`` is
+    re-encoded, as in Caffe).
+    """
+    dot = filename.rfind(".")
+    ext = _ascii_lower(filename[dot + 1:] if dot >= 0 else filename)
+    encoding = _ascii_lower(encoding)
+    return ext == encoding or (encoding == "jpg" and ext == "jpeg")
 
 
-def image_to_datum(path, label, height, width, is_color, encoding):
+def guess_encoding(name):
+    """The encoding ``--encoded`` alone uses for the list entry ``name``: its file name's
+    extension, lower-cased (Caffe: what follows the name's last dot); None when the file name
+    has none (no dot after the last ``/``, or nothing after the dot).
+
+    Caffe, for a name without a dot, logs ``Failed to guess the encoding`` and uses the whole
+    name as the encoding, which then makes ``cv::imencode`` throw (an abort) or, by accident,
+    matches the path; a dot only in a folder name gives it a nonsense encoding the same way.
+    The caller here turns None into a clear error before writing anything (see the module
+    docstring).
+    """
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    dot = base.rfind(".")
+    if dot < 0 or dot == len(base) - 1:
+        return None
+    return _ascii_lower(base[dot + 1:])
+
+
+def encode_image(image, encoding, name=None):
+    """Compress a decoded uint8 image (BGR or grey, as OpenCV holds it) with
+    ``cv2.imencode("." + encoding, image)`` and OpenCV's default parameters (Caffe's
+    ``cv::imencode`` call).
+
+    Raises:
+        ToolError: OpenCV has no encoder for ``encoding`` or fails.
+    """
+    import cv2
+    what = f"'{name}' " if name else ""
+    try:
+        ok, buf = cv2.imencode("." + encoding, image)
+    except cv2.error:
+        ok, buf = False, None
+        if not cv2.haveImageWriter("." + encoding):
+            raise ToolError(f"cannot encode {what}as '{encoding}': OpenCV has no encoder for "
+                            f"'.{encoding}'; pass --encode_type=png (or jpg, ...)") from None
+    if not ok:
+        raise ToolError(f"cannot encode {what}as '{encoding}': cv2.imencode failed")
+    return buf.tobytes()
+
+
+def image_to_datum(path, label, height, width, is_color, encoding, name=None):
     """Caffe's ``ReadImageToDatum``: a Datum for one file, or None if it cannot be read.
 
+    Args:
+        path: the file.
+        label: the Datum's label.
+        height, width: resize to this size when both are > 0.
+        is_color: decode in colour (BGR, 3 channels), else grey (1 channel).
+        encoding: "" for a raw Datum, else the encoding of an encoded one (see the module
+            docstring).
+        name: the list's name of the file, for error messages.
+
     Returns:
-        (datum, (C, H, W) of the decoded image) or (None, None).
+        (datum, (C, H, W) of the decoded and resized image) or (None, None).
+
+    Raises:
+        ToolError: the image must be re-encoded and OpenCV cannot encode it as ``encoding``.
     """
     import numpy
     from ..errors import CaffeError
-    from ..io.images import read_image_resized
+    from ..io.images import image_to_chw, read_image_resized
     from ..proto import caffe_pb2
-    try:
+    try:        # cv::imread, then cv::resize only when both sizes are > 0
         image = read_image_resized(path, height, width, is_color)
     except CaffeError:
         return None, None
-    chw = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+    chw = image_to_chw(image)
     datum = caffe_pb2.Datum(label=label)
     if encoding:
-        ext = os.path.splitext(path)[1][1:].lower()
-        same_ext = ext == encoding.lower() or {ext, encoding.lower()} <= {"jpg", "jpeg"}
-        if (image.ndim == 3) == is_color and not height and not width and same_ext:
+        channels = 1 if image.ndim == 2 else image.shape[2]
+        # Caffe's condition, `!height && !width` included: a resize of one side only (the
+        # other 0) does not resize, yet re-encodes.
+        if (channels == 3) == bool(is_color) and not height and not width and \
+                match_ext(path, encoding):
             with open(path, "rb") as f:     # Caffe's ReadFileToDatum: the file's own bytes
                 datum.data = f.read()
         else:
-            datum.data = encode_image(image, encoding)
+            datum.data = encode_image(image, encoding, name or path)
         datum.encoded = True
-    else:
+    else:                                   # Caffe's CVMatToDatum
         datum.channels, datum.height, datum.width = (int(d) for d in chw.shape)
         datum.data = numpy.ascontiguousarray(chw).tobytes()
-    return datum, tuple(chw.shape)
+    return datum, tuple(int(d) for d in chw.shape)
+
+
+def _size_text(shape):
+    return "x".join(str(d) for d in shape)
+
+
+def _partial_path(db_name):
+    """The hidden sibling folder the database is written into before its rename to DB_NAME."""
+    path = os.path.abspath(db_name)
+    folder, base = os.path.split(path)
+    return os.path.join(folder, f".{base}.partial-{os.getpid()}")
 
 
 def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=None,
@@ -125,9 +239,13 @@ def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=Non
             backend="lmdb", log=None):
     """Write the database (see the module docstring); returns the number of records written.
 
+    The records go to a hidden sibling folder renamed to ``db_name`` at the end; on any error
+    (or Ctrl-C) that folder is removed, so ``db_name`` is either complete or absent.
+
     Raises:
-        CaffeError / ToolError: an unknown backend, an unreadable list, an existing DB_NAME, a size
-            mismatch with ``check_size``, an unknown encoding.
+        CaffeError / ToolError: an unknown backend, an unreadable list, an existing DB_NAME, a
+            name without extension with ``--encoded`` alone, a size mismatch with
+            ``check_size``, an encoding OpenCV cannot write.
     """
     from ..log import logger
     from ..layers.image_data import caffe_shuffle
@@ -146,34 +264,71 @@ def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=Non
         log.info("encode_type specified, assuming encoded=true.")
     encoded = encoded or bool(encode_type)
     resize_height, resize_width = max(0, resize_height), max(0, resize_width)
-    writer = open_writer(db_name, backend)
-    size = None
+    is_color = not gray
+
+    encodings = [encode_type] * len(lines) if encoded else [""] * len(lines)
+    if encoded and not encode_type:
+        # Caffe guesses each file's encoding from its name (its extension). A name without one
+        # makes Caffe's run abort at that image (see guess_encoding); here it is an error
+        # before anything is written, naming the first such entry.
+        for line_id, (name, _) in enumerate(lines):
+            encodings[line_id] = guess_encoding(name)
+            if encodings[line_id] is None:
+                raise ToolError(f"cannot guess the encoding of '{name}' (entry {line_id + 1} "
+                                f"of {list_file}): its file name has no extension; pass "
+                                f"--encode_type=png (or jpg, ...)")
+
+    db_kind = "LMDB" if backend == "lmdb" else "LevelDB"
+    if os.path.lexists(db_name):
+        raise ToolError(f"cannot create {db_kind} '{db_name}': it already exists")
+    partial = _partial_path(db_name)
+    if os.path.lexists(partial):        # left by a killed run with the same pid: not ours to keep
+        shutil.rmtree(partial, ignore_errors=True)
+    try:
+        writer = open_writer(partial, backend)
+    except BaseException:               # e.g. LMDB made the folder, then failed to open it
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     count = 0
     try:
+        size = first = None
         for line_id, (name, label) in enumerate(progress(lines, total=len(lines), desc=PROG, unit="img")):
-            enc = encode_type
-            if encoded and not enc:
-                enc = os.path.splitext(name)[1][1:].lower()
-                if not enc:
-                    log.warning("Failed to guess the encoding of '%s'", name)
-                    enc = "png"
             path = os.path.join(root_folder, name)
-            datum, shape = image_to_datum(path, label, resize_height, resize_width, not gray, enc)
+            datum, shape = image_to_datum(path, label, resize_height, resize_width, is_color,
+                                          encodings[line_id], name)
             if datum is None:
                 log.error("Could not open or find file %s", path)
                 continue
             if check_size:
-                if size is None:
-                    size = shape
-                elif shape != size:
-                    raise ToolError(f"Incorrect data field size: '{name}' is {'x'.join(map(str, shape))}, "
-                                    f"the first image {'x'.join(map(str, size))} (--check_size)")
+                if encoded:             # on purpose not Caffe's rule (see the module docstring)
+                    if size is None:
+                        size, first = shape, name
+                    elif shape != size:
+                        raise ToolError(f"Incorrect image size: '{name}' decodes to "
+                                        f"{_size_text(shape)} (CxHxW), the first image '{first}' "
+                                        f"to {_size_text(size)} (--check_size)")
+                else:                   # Caffe's: data length against the first's C*H*W
+                    if size is None:
+                        size, first = shape, name
+                    elif len(datum.data) != size[0] * size[1] * size[2]:
+                        raise ToolError(f"Incorrect data field size {len(datum.data)}: '{name}' "
+                                        f"is {_size_text(shape)} (CxHxW), the first image "
+                                        f"'{first}' {_size_text(size)} (--check_size)")
             writer.put(f"{line_id:08d}_{name}".encode(), datum.SerializeToString())
             count += 1
             if count % 1000 == 0:
                 log.info("Processed %d files.", count)
-    finally:
         writer.close()
+        if os.path.lexists(db_name):    # created by someone else meanwhile: keep theirs
+            raise ToolError(f"cannot create {db_kind} '{db_name}': it already exists")
+        os.rename(partial, db_name)
+    except BaseException:
+        try:
+            writer.close()
+        except Exception:               # the error being raised is the one to report
+            pass
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if count % 1000:
         log.info("Processed %d files.", count)
     return count
