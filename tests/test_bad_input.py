@@ -310,3 +310,38 @@ def test_a_truncated_lmdb_is_refused_before_any_read(tmp_path):
     assert done.returncode == 1, done.stderr[-2000:]
     line = last_line_error(done)
     assert "is truncated" in line and str(data) in line
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("undecodable", "record '00000003_a.jpg' of 'db': could not decode the encoded image"),
+    ("mismatch", "record '00000002_a.jpg' of 'db' is 20x24, the batch's first record 20x20: "
+                 "without crop_size"),
+    ("empty", "data_param.source (backend LMDB): LMDB 'db' holds no records"),
+])
+def test_bad_encoded_data_is_one_line_and_writes_nothing(case, expected, tmp_path):
+    """Issue 26: a record that cannot be decoded, a record of another size than the batch's first
+    without a crop, an empty database: one line naming the layer (and the record's key and
+    database), exit 1, no snapshot."""
+    import cv2
+    import numpy
+    from caffe_engine.io.lmdb_source import write_lmdb
+    from caffe_engine.proto import caffe_pb2
+    square = cv2.imencode(".jpg", numpy.full((20, 20, 3), 90, numpy.uint8))[1].tobytes()
+    wide = cv2.imencode(".jpg", numpy.full((20, 24, 3), 90, numpy.uint8))[1].tobytes()
+    odd = {"undecodable": (3, square[:100]), "mismatch": (2, wide)}.get(case)
+    items = [] if case == "empty" else [
+        (b"%08d_a.jpg" % i, caffe_pb2.Datum(data=odd[1] if i == odd[0] else square, encoded=True)
+         .SerializeToString()) for i in range(8)]
+    write_lmdb(tmp_path / "db", items)
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "data" type: "Data" top: "data" top: "label" '
+        '  data_param { source: "db" batch_size: 4 backend: LMDB } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+        '  inner_product_param { num_output: 2 } }\n'
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }\n')
+    (tmp_path / "solver.prototxt").write_text(
+        'net: "net.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 4\n'
+        'snapshot_prefix: "out"\nsolver_mode: CPU\n')
+    done = caffe("train", "--solver", "solver.prototxt", cwd=tmp_path)
+    assert last_line_error(done).startswith("caffe: layer 'data' (Data): " + expected)
+    assert not list(tmp_path.glob("out*"))
