@@ -197,59 +197,26 @@ class DataTransformer:
                              f"image is {image.dtype}; store 8-bit images)")
         return image_to_chw(image)
 
-    def plan_records(self, records, names=None, hint=""):
-        """Check one batch of records against Caffe's rules and draw its crops and mirrors.
+    def start_batch(self, first, n, names=None, hint="", windows=False):
+        """Start a batch of ``n`` records whose first record's pixels are ``first`` (C, H, W),
+        as Caffe's ``DataLayer::load_batch`` shapes it from its first record: check that one,
+        draw every record's random words (:meth:`draw_words`) and return the
+        :class:`BatchPlan` that places each record (in any order, from any thread).
 
         Args:
-            records: a list of N (C, H, W) arrays (uint8 or float32), any strides.
-            names: N strings naming the records in messages, or None.
+            first: the first record's pixels.
+            n: records in the batch.
+            names: what names record i in messages (indexable), or None.
             hint: added to the message when sizes differ without a crop.
-
-        Returns:
-            (records, TransformPlan): the records to transform and the plan for them. When all
-            records have the first one's shape these are the records given and the drawn
-            offsets; when a crop makes records of other sizes fit, each record comes back as its
-            crop window (a view), with the plan's offsets 0 (``last_params`` keeps the drawn
-            ones).
+            windows: when cropping without a mean file, hand each record's crop window to the
+                transform (offsets 0) rather than the whole record (the device staging packs
+                windows: one shape for records of any size).
 
         Raises:
-            the ``error`` exception: a record with other channels than the first; without a
-            crop, another height or width; a record smaller than the crop; a mean that does not
-            match.
+            the ``error`` exception: the first record is smaller than the crop, or the mean does
+            not match it.
         """
-        def name(i):
-            return names[i] if names else f"record {i} of the batch"
-        n = len(records)
-        c, h, w = records[0].shape
-        crop = self.crop_size
-        uniform = True
-        for i, record in enumerate(records):
-            rc, rh, rw = record.shape
-            if rc != c:
-                raise self.error(f"{name(i)} has {rc} channels, the batch's first record {c}")
-            if crop:
-                self.output_shape(rc, rh, rw)       # at least the crop
-            elif (rh, rw) != (h, w):
-                raise self.error(f"{name(i)} is {rh}x{rw}, the batch's first record {h}x{w}: "
-                                 "without crop_size all records of a batch must have one size"
-                                 + hint)
-            uniform = uniform and (rh, rw) == (h, w)
-        _, out_h, out_w = self.output_shape(c, h, w)
-        if not uniform and self.mean is not None:
-            for i, record in enumerate(records):
-                self._check_mean(*record.shape)     # raises for the first that differs
-        mean = self._check_mean(c, h, w)
-        heights = numpy.array([r.shape[1] for r in records], numpy.int64)
-        widths = numpy.array([r.shape[2] for r in records], numpy.int64)
-        params = self.draw_params(n, heights, widths)
-        self.last_params = params
-        if uniform:
-            return records, TransformPlan(self, (n, c, out_h, out_w), params, mean, self.scale)
-        cropped = [r[:, p[1]:p[1] + crop, p[2]:p[2] + crop] for r, p in zip(records, params)]
-        window_params = params.copy()
-        window_params[:, 1:] = 0
-        return cropped, TransformPlan(self, (n, c, out_h, out_w), window_params, mean,
-                                      self.scale)
+        return BatchPlan(self, first.shape, n, names, hint, windows)
 
     # -- transforming --------------------------------------------------------------------------
     def _check_mean(self, channels, height, width):
@@ -268,17 +235,26 @@ class DataTransformer:
             return numpy.broadcast_to(values, (channels,)).reshape(channels, 1, 1)
         return None
 
-    def draw_params(self, n, height, width):
-        """Draw ``[mirror, h_off, w_off]`` for ``n`` images of size ``height`` x ``width`` (ints,
-        or one per image).
+    def draw_words(self, n):
+        """The words ``n`` images' random draws take from the transformer's stream, in Caffe's
+        order (per image: mirror when ``mirror``, then h_off, w_off when cropping in TRAIN; one
+        word per ``Rand(n)``), as an int64 array (n, k); k is 0 without randomness. How many
+        words an image takes does not depend on its size, so they can be drawn before the
+        records are decoded."""
+        random_crop = bool(self.crop_size) and self.phase == TRAIN
+        per_image = int(self.mirror) + 2 * int(random_crop)
+        if not (n and per_image):
+            return numpy.zeros((n, per_image), numpy.int64)
+        if self.rng is None:
+            raise self.error("the data transformer needs randomness but init_rand() was not "
+                             "called")
+        return self.rng.words(n * per_image).astype(numpy.int64).reshape(n, per_image)
 
-        Per image, in Caffe's order: mirror (when ``mirror``), then h_off, w_off (crop in TRAIN),
-        each ``word % range`` of one word of the transformer's stream. Without randomness: no
-        mirror, centre crop (or offset 0 without crop).
-
-        Returns:
-            int64 array (n, 3).
-        """
+    def params_from_words(self, words, height, width):
+        """``[mirror, h_off, w_off]`` (int64 (n, 3)) of images of size ``height`` x ``width``
+        (ints, or one per image) from their :meth:`draw_words` words: ``word % range`` as
+        Caffe's ``Rand``. Without randomness: no mirror, centre crop (offset 0 without crop)."""
+        n = len(words)
         crop = self.crop_size
         heights = numpy.broadcast_to(numpy.asarray(height, numpy.int64), (n,))
         widths = numpy.broadcast_to(numpy.asarray(width, numpy.int64), (n,))
@@ -286,20 +262,21 @@ class DataTransformer:
         if crop and self.phase != TRAIN:
             params[:, 1] = (heights - crop) // 2
             params[:, 2] = (widths - crop) // 2
-        random_crop = bool(crop) and self.phase == TRAIN
-        per_image = int(self.mirror) + 2 * int(random_crop)
-        if n and per_image:
-            if self.rng is None:
-                raise self.error("the data transformer needs randomness but init_rand() was "
-                                 "not called")
-            # One word per Rand(n), image after image: the same words as Caffe's calls.
-            words = self.rng.words(n * per_image).astype(numpy.int64).reshape(n, per_image)
-            if self.mirror:
-                params[:, 0] = words[:, 0] % 2
-            if random_crop:
-                params[:, 1] = words[:, -2] % (heights - crop + 1)
-                params[:, 2] = words[:, -1] % (widths - crop + 1)
+        if self.mirror:
+            params[:, 0] = words[:, 0] % 2
+        if crop and self.phase == TRAIN:
+            params[:, 1] = words[:, -2] % (heights - crop + 1)
+            params[:, 2] = words[:, -1] % (widths - crop + 1)
         return params
+
+    def draw_params(self, n, height, width):
+        """Draw ``[mirror, h_off, w_off]`` for ``n`` images of size ``height`` x ``width`` (ints,
+        or one per image): :meth:`draw_words`, then :meth:`params_from_words`.
+
+        Returns:
+            int64 array (n, 3).
+        """
+        return self.params_from_words(self.draw_words(n), height, width)
 
     def plan(self, shape):
         """Check a batch of records of ``shape`` and draw its random crops and mirrors: the
@@ -363,16 +340,94 @@ class DataTransformer:
 
         Raises:
             the ``error`` exception: a record is invalid (see :meth:`record_pixels`) or does not
-            fit the first (see :meth:`plan_records`).
+            fit the first (see :class:`BatchPlan`).
         """
-        records, plan = self.plan_records([self.record_pixels(d) for d in datums])
-        out = numpy.empty(plan.out_shape, numpy.float32)
-        plan.run(records, out)
+        records = [self.record_pixels(d) for d in datums]
+        batch = self.start_batch(records[0], len(records))
+        out = numpy.empty(batch.out_shape, numpy.float32)
+        for i, record in enumerate(records):
+            batch.transform(i, record, out)
         return out
 
     def transform_datum(self, datum):
         """Transform one Datum into a (C, H', W') float32 array."""
         return self.transform_datums([datum])[0]
+
+
+class BatchPlan:
+    """One batch of records under Caffe's rules (``DataLayer::load_batch`` with
+    ``Transform(const Datum&, Blob*)``'s checks), its random words already drawn, so that each
+    record can be checked and transformed on its own, on any thread, once it is decoded.
+
+    The batch takes its shape from the first record: (N, C, H', W'), H' x W' the crop or the
+    first record's size. Record i must have C channels; without a crop the first record's
+    height and width; with a crop at least the crop's size, and then it is cropped at offsets
+    drawn from its own size (``word % (H_i - crop + 1)``); with a mean file, the mean's shape.
+
+    Attributes:
+        out_shape: (N, C, H', W').
+        params: int64 (N, 3) ``[mirror, h_off, w_off]`` drawn for each record, filled in as
+            records are placed (the transformer's ``last_params``).
+        mean: None, float32 (C, H, W) or (C, 1, 1) on the host.
+        scale: float32.
+    """
+
+    def __init__(self, transformer, first_shape, n, names, hint, windows):
+        t = self.transformer = transformer
+        c, h, w = (int(d) for d in first_shape)
+        self.first_shape, self.names, self.hint = (c, h, w), names, hint
+        _, out_h, out_w = t.output_shape(c, h, w)
+        self.out_shape = (n, c, out_h, out_w)
+        self.mean = t._check_mean(c, h, w)
+        self.scale = t.scale
+        self.windows = bool(windows and t.crop_size and t.mean is None)
+        self._words = t.draw_words(n)
+        self.params = numpy.zeros((n, 3), numpy.int64)
+        t.last_params = self.params
+
+    def _name(self, i):
+        return self.names[i] if self.names is not None else f"record {i} of the batch"
+
+    def place(self, i, record):
+        """Check record i (C, H, W) against the batch and fix its crop and mirror.
+
+        Returns:
+            (pixels, params row int64 (3,)): what the transform reads and with which
+            ``[mirror, h_off, w_off]`` -- the record and its drawn offsets, or with
+            ``windows`` its crop window and offsets 0.
+
+        Raises:
+            the transformer's ``error`` exception, naming the record: other channels; without
+            a crop another size; smaller than the crop; not the mean file's shape.
+        """
+        t = self.transformer
+        c, h, w = self.first_shape
+        rc, rh, rw = record.shape
+        if rc != c:
+            raise t.error(f"{self._name(i)} has {rc} channels, the batch's first record {c}")
+        if t.crop_size:
+            t.output_shape(rc, rh, rw)              # at least the crop
+        elif (rh, rw) != (h, w):
+            raise t.error(f"{self._name(i)} is {rh}x{rw}, the batch's first record {h}x{w}: "
+                          "without crop_size all records of a batch must have one size"
+                          + self.hint)
+        if t.mean is not None and (rh, rw) != (h, w):
+            t._check_mean(rc, rh, rw)               # raises: the mean has the first's shape
+        params = t.params_from_words(self._words[i:i + 1], rh, rw)[0]
+        self.params[i] = params
+        if not self.windows:
+            return record, params
+        crop = t.crop_size
+        window = record[:, params[1]:params[1] + crop, params[2]:params[2] + crop]
+        return window, numpy.array([params[0], 0, 0], numpy.int64)
+
+    def transform(self, i, record, out):
+        """Place record i and write it transformed into ``out[i]`` (``out`` float32
+        :attr:`out_shape`, host or device) with the kernel set of ``out``'s device."""
+        pixels, params = self.place(i, record)
+        mean = self.transformer.mean_like(self.mean, out)
+        kernels.for_array(out).transform(pixels[None], out[i:i + 1], params[None], mean,
+                                         self.scale)
 
 
 class TransformPlan:
@@ -391,32 +446,10 @@ class TransformPlan:
         self.transformer = transformer
         self.out_shape, self.params, self.mean, self.scale = out_shape, params, mean, scale
 
-    def run(self, batch, out, params=None, workers=None):
-        """Write the transformed records into ``out`` (:attr:`out_shape`, float32) with the
-        kernel set of ``out``'s device (``transform``).
-
-        Args:
-            batch: (N, C, H, W) array, or a list of N (C, H, W) arrays (what
-                :meth:`DataTransformer.plan_records` returns), on the host or on ``out``'s
-                device.
-            out: the result.
-            params: this plan's (None), or the same values already on the device (int32 (N, 3)).
-            workers: a :class:`caffe_engine.io.workers.Workers` to spread the records over (one
-                kernel call per record; the result does not depend on it), or None: one call for
-                an array, one per record for a list, on this thread.
-        """
+    def run(self, batch, out, params=None):
+        """Write the transformed ``batch`` (N, C, H, W) into ``out`` (:attr:`out_shape`,
+        float32) with the kernel set of ``out``'s device (``transform``); ``params``: this
+        plan's, or the same values already on the device (int32 (N, 3))."""
         mean = self.transformer.mean_like(self.mean, out)
-        kernel_set = kernels.for_array(out)
-        params = self.params if params is None else params
-        if workers is None and not isinstance(batch, (list, tuple)):
-            kernel_set.transform(batch, out, params, mean, self.scale)
-            return
-
-        def one(i):
-            kernel_set.transform(batch[i][None], out[i:i + 1], params[i:i + 1], mean,
-                                 self.scale)
-        if workers is None:
-            for i in range(len(batch)):
-                one(i)
-        else:
-            workers.run(one, len(batch))
+        kernels.for_array(out).transform(batch, out, self.params if params is None else params,
+                                         mean, self.scale)

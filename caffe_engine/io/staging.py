@@ -1,14 +1,20 @@
 """Batches from the host to the blobs' device: the data layers' one staging seam.
 
 A data layer loads a batch on the host (on its prefetch thread, or in ``forward``), hands it to
-:meth:`stage` and later, in ``forward``, has :meth:`deliver` write it into its tops. What
-happens in between depends on where the tops live, and only here:
+the staging and later, in ``forward``, has :meth:`deliver` put it into its tops. A batch of
+records is staged record by record, from the data threads: ``target = staging.batch(plan,
+first)``, ``target.put(i, record)`` for each record (any order, any thread), then
+``staging.finish(target, labels)``; a batch already made (WindowData, MemoryData) goes through
+:meth:`stage`. What happens in between depends on where the tops live, and only here:
 
-* :class:`HostStaging` (NumPy tops): the batch stays on the host. ``stage`` runs the transform
-  (crop, mirror, mean, scale) there, on the loading thread, as before; ``deliver`` copies the
-  float32 result into the tops.
-* :class:`DeviceStaging` (CuPy tops): ``stage`` packs the *raw* batch (uint8 records: a quarter
-  of the float32 bytes), the transform's per-image ``[mirror, h_off, w_off]`` and the labels
+* :class:`HostStaging` (NumPy tops): the batch stays on the host. ``put`` transforms each record
+  (crop, mirror, mean, scale) straight into one of the staging's own float32 buffers, on the
+  data thread; ``deliver`` makes that buffer the top's data (no copy: Caffe's
+  ``top[0]->set_cpu_data(batch->data_)``), and the buffer is not reused before the next
+  forward starts (:meth:`HostStaging.recycle`). A batch given to :meth:`stage` is copied into the top, as it may be the caller's.
+* :class:`DeviceStaging` (CuPy tops): ``put`` gathers the *raw* records (uint8: a quarter of the
+  float32 bytes; each one's crop window when records of several sizes are cropped) and
+  ``finish`` packs them, the transform's per-image ``[mirror, h_off, w_off]`` and the labels
   into one pinned host buffer, copies it to a device buffer asynchronously on a dedicated
   non-blocking stream and records an event; ``deliver`` makes the training (current) stream
   wait for that event -- on the device, the host does not wait -- then runs the transform on
@@ -24,10 +30,11 @@ events:
 * ``consumed``, recorded on the consumer's stream after ``deliver`` queued its reads: the copy
   stream waits for it before overwriting the slot's device buffer.
 
-A slot is *busy* from ``stage`` until ``deliver`` or :meth:`discard`; staging into a busy slot
-raises (more batches in flight than slots). The Data layer's prefetch queue of depth ``D``
-has at most ``D`` batches queued, one being loaded and one being delivered, so ``D + 2`` slots
-always suffice (see :class:`caffe_engine.layers.data.DataLayer`).
+A slot is *busy* from ``stage`` until ``deliver`` or :meth:`discard` (on the host: until the
+next forward starts, as the top holds the buffer until then); staging into a busy slot raises
+(more batches in flight than slots). A prefetch queue of depth ``D`` has at most ``D`` batches
+queued, one being loaded and one delivered, so ``D + 2`` slots always suffice (see
+:mod:`caffe_engine.layers.prefetch`).
 
 The CuPy calls are all in :class:`CupyTransfer`; :class:`DeviceStaging` is plain logic over a
 *transfer* object, so the tests run it on NumPy with a fake one that checks the event order.
@@ -37,6 +44,8 @@ import threading
 import numpy
 
 from ..backend import get_array_module
+from ..blob import SLACK
+from ..data_transformer import TransformPlan
 
 #: Byte alignment of each array inside a slot's buffer (any dtype's, and the device's loads).
 ALIGN = 256
@@ -66,35 +75,131 @@ def _assign(blob, array):
     blob.data[...] = xp.asarray(array)
 
 
-class HostStaging:
-    """The NumPy staging: transform on the loading thread, copy into the tops in ``deliver``.
+class _Ring:
+    """``slots`` indices handed out in turn, skipping busy ones, each busy until released
+    (thread-safe)."""
 
-    ``stage(data, label, transform, workers)``: ``data`` the raw records when ``transform`` is
-    given (an (N, C, H, W) host array or a list of N (C, H, W) ones), else the float32 batch
-    itself; ``label`` a host array or None; ``transform`` None or an object with ``out_shape``,
-    ``params`` (host int (N, 3)) and ``run(batch, out, params, workers)``
-    (:class:`caffe_engine.data_transformer.TransformPlan`); ``workers`` None or the data
-    threads (:mod:`caffe_engine.io.workers`) the transform is spread over, a record each.
+    def __init__(self, slots):
+        self.busy = [False] * max(1, int(slots))
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self):
+        """The next free index after the last one taken."""
+        with self._lock:
+            count = len(self.busy)
+            for step in range(count):
+                index = (self._next + step) % count
+                if not self.busy[index]:
+                    self.busy[index] = True
+                    self._next = (index + 1) % count
+                    return index
+            raise RuntimeError(f"all {count} staging slots hold batches not delivered: more "
+                               "batches in flight than slots")
+
+    def release(self, index):
+        if index is not None:
+            self.busy[index] = False
+
+
+class _HostRecords:
+    """A host batch being filled: record i transformed into ``out[i]`` by :meth:`put`."""
+
+    def __init__(self, plan, out, slot):
+        self.plan, self.out, self.slot = plan, out, slot
+
+    def put(self, i, record):
+        self.plan.transform(i, record, self.out)
+
+
+class HostStaging:
+    """The NumPy staging: records transformed into the staging's buffers on the loading
+    threads, the buffer handed to the top in ``deliver`` (see the module docstring).
+
+    ``batch(plan, first)`` -> a target whose ``put(i, record)`` transforms record i (a (C, H, W)
+    host array) under ``plan`` (:class:`caffe_engine.data_transformer.BatchPlan`);
+    ``finish(target, label)`` -> the staged batch. ``stage(data, label, transform)``: ``data``
+    the raw records (N, C, H, W) when ``transform`` (a
+    :class:`~caffe_engine.data_transformer.TransformPlan`) is given, else the float32 batch
+    itself (copied into the top on delivery); ``label`` a host array or None.
+
+    Args:
+        slots: buffers to rotate through (>= 1; a prefetch queue of depth D needs D + 2).
     """
 
     on_device = False
 
-    def stage(self, data, label=None, transform=None, workers=None):
+    def __init__(self, slots=2):
+        self._ring = _Ring(slots)
+        self._buffers = [None] * len(self._ring.busy)
+        self._current = None
+
+    @property
+    def slots(self):
+        return len(self._buffers)
+
+    def batch(self, plan, first=None):
+        slot = self._ring.take()
+        shape = tuple(plan.out_shape)
+        count = int(numpy.prod(shape, dtype=numpy.int64))
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.size < count + SLACK:
+            # Zeroed once (and SLACK floats longer, as a Blob's array: the compiled kernels may
+            # read a vector past the end); reused for every later batch of the slot.
+            buffer = self._buffers[slot] = numpy.zeros(count + SLACK, numpy.float32)
+        return _HostRecords(plan, buffer[:count].reshape(shape), slot)
+
+    def finish(self, target, label=None):
+        return Staged(data=target.out, label=label, slot=target.slot)
+
+    def stage(self, data, label=None, transform=None):
         if transform is not None:
             out = numpy.empty(transform.out_shape, numpy.float32)
-            transform.run(data, out, transform.params, workers)
+            transform.run(data, out, transform.params)
             data = out
         return Staged(data=data, label=label)
 
     def deliver(self, staged, data_top, label_top=None):
-        """Write the batch into blob ``data_top`` (reshaped to it) and the labels into blob
+        """Put the batch into blob ``data_top`` (reshaped to it) -- the staging's buffer
+        itself, or a copy of a batch given to :meth:`stage` -- and copy the labels into blob
         ``label_top`` (when both are there)."""
-        _assign(data_top, staged.data)
+        self.recycle()
+        if staged.slot is None:
+            _assign(data_top, staged.data)
+        else:
+            data_top.reshape(staged.data.shape)
+            data_top.data = staged.data
+        self._current = staged.slot
         if label_top is not None and staged.label is not None:
             _assign(label_top, staged.label)
 
+    def recycle(self):
+        """Free the buffer the top holds since the last :meth:`deliver` (called as a forward
+        starts, before it waits for the next batch, as Caffe's
+        ``prefetch_free_.push(prefetch_current_)``)."""
+        self._ring.release(self._current)
+        self._current = None
+
     def discard(self, staged):
-        """Drop a staged batch that will not be delivered (nothing to do on the host)."""
+        """Drop a staged batch that will not be delivered: its buffer is free again."""
+        if staged.slot != self._current:
+            self._ring.release(staged.slot)
+
+
+class _DeviceRecords:
+    """A device batch being gathered on the host: record i's pixels (or crop window) into
+    ``raw[i]``, its transform parameters into ``params[i]``."""
+
+    def __init__(self, plan, first):
+        self.plan = plan
+        n, c, out_h, out_w = plan.out_shape
+        shape = (c, out_h, out_w) if plan.windows else tuple(first.shape)
+        self.raw = numpy.empty((n,) + shape, first.dtype)
+        self.params = numpy.zeros((n, 3), numpy.int64)
+
+    def put(self, i, record):
+        pixels, self.params[i] = self.plan.place(i, record)
+        self.raw[i] = pixels
 
 
 class _Slot:
@@ -136,17 +241,22 @@ class DeviceStaging:
     def slots(self):
         return len(self._slots)
 
-    def stage(self, data, label=None, transform=None, workers=None):
-        """Pack ``data`` (an array, or a list of records of one shape, stacked) (+ the
-        transform's params as int32 (N, 3)) (+ ``label``) into the next slot's pinned buffer
-        and start its copy to the device (called on the loading thread). ``workers`` is not
-        used: the transform runs on the device in :meth:`deliver`.
+    def batch(self, plan, first):
+        return _DeviceRecords(plan, first)
+
+    def finish(self, target, label=None):
+        plan = target.plan
+        transform = TransformPlan(plan.transformer, plan.out_shape, target.params, plan.mean,
+                                  plan.scale)
+        return self.stage(target.raw, label, transform)
+
+    def stage(self, data, label=None, transform=None):
+        """Pack ``data`` (+ the transform's params as int32 (N, 3)) (+ ``label``) into the next
+        slot's pinned buffer and start its copy to the device (called on the loading thread).
 
         Raises:
             RuntimeError: the next slot still holds a batch not delivered nor discarded.
         """
-        if isinstance(data, (list, tuple)):
-            data = numpy.stack(data)
         arrays = [numpy.ascontiguousarray(data)]
         if transform is not None:
             arrays.append(numpy.ascontiguousarray(transform.params, dtype=numpy.int32))
@@ -206,6 +316,9 @@ class DeviceStaging:
             t.record_on_current_stream(slot.consumed)
             slot.busy = False
 
+    def recycle(self):
+        """Nothing to do: a slot is free once :meth:`deliver` has queued its reads."""
+
     def discard(self, staged):
         """Drop a staged batch that will not be delivered: its slot is free again (a copy still
         running is waited for by the next :meth:`stage` into the slot)."""
@@ -263,4 +376,4 @@ def staging_for(array, slots=2):
     for a CuPy array, else :class:`HostStaging`."""
     if get_array_module(array).__name__ == "cupy":
         return DeviceStaging(CupyTransfer(), slots)
-    return HostStaging()
+    return HostStaging(slots)

@@ -4,8 +4,8 @@ the records of a batch in parallel.
 A data layer's prefetch thread reads its records in order (the cursor, the list, the random
 draws: everything that decides *which* pixels a batch holds) and hands the per-record work --
 decoding a JPEG or PNG (OpenCV), cropping, mirroring, subtracting the mean (the compiled
-transform kernel) -- to :meth:`Workers.run`, which splits the records into contiguous chunks,
-one per thread, the calling thread taking the first. Both OpenCV's decoders and the Numba
+transform kernel) -- to :meth:`Workers.run`, whose threads (the calling thread among them)
+each take the next record not yet taken. Both OpenCV's decoders and the Numba
 kernels release the GIL, so the chunks run on separate cores; each record's result depends on
 that record alone, so the batch is the same, bit for bit, for any number of threads.
 
@@ -70,35 +70,37 @@ class Workers:
             return self._pool
 
     def run(self, job, count):
-        """``[job(0), job(1), ..., job(count - 1)]``, the indices split into contiguous chunks
-        over the threads (the calling thread runs the first chunk).
+        """``[job(0), job(1), ..., job(count - 1)]``, computed by the threads together (the
+        calling thread too), each taking the next index not yet taken, so that a slow record
+        does not hold up a whole share.
 
         Raises:
-            whatever ``job`` raised for the lowest index that failed (each chunk stops at its
-            first failure; the others finish theirs).
+            whatever ``job`` raised for the lowest index that failed (every index is still
+            run, so which one that is does not depend on the threads' timing).
         """
         results = [None] * count
-        chunks = min(self.threads, count)
-        if chunks <= 1:
+        helpers = min(self.threads, count) - 1
+        if helpers <= 0:
             for i in range(count):
                 results[i] = job(i)
             return results
-        bounds = [count * k // chunks for k in range(chunks + 1)]
+        indices = iter(range(count))     # next() on it is atomic under the GIL
+        errors = {}
 
-        def chunk(k):
-            for i in range(bounds[k], bounds[k + 1]):
+        def work():
+            for i in indices:
                 try:
                     results[i] = job(i)
                 except BaseException as exc:  # raised below, for the lowest index
-                    return exc
-            return None
+                    errors[i] = exc
 
         pool = self._executor()
-        futures = [pool.submit(chunk, k) for k in range(1, chunks)]
-        errors = [chunk(0)] + [f.result() for f in futures]
-        for exc in errors:
-            if exc is not None:
-                raise exc
+        futures = [pool.submit(work) for _ in range(helpers)]
+        work()
+        for future in futures:
+            future.result()
+        if errors:
+            raise errors[min(errors)]
         return results
 
     def close(self):

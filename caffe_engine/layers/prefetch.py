@@ -41,7 +41,7 @@ import weakref
 import numpy
 
 from ..io import workers as data_workers
-from ..io.staging import staging_for
+from ..io.staging import HostStaging, staging_for
 from .base import Layer
 
 logger = logging.getLogger("caffe_engine")
@@ -106,8 +106,10 @@ class BatchPrefetcher:
     def __init__(self, owner, depth, name):
         self.queue = queue.Queue(maxsize=max(1, int(depth)))
         self.stop_event = threading.Event()
+        self._unqueued = []       # a batch loaded when the stop came, the queue full
         self.thread = threading.Thread(target=BatchPrefetcher._run, name=name, daemon=True,
-                                       args=(weakref.ref(owner), self.queue, self.stop_event))
+                                       args=(weakref.ref(owner), self.queue, self.stop_event,
+                                             self._unqueued))
         # When the owner is collected the thread ends by itself (weak reference); this also
         # wakes it at once.
         self._finalizer = weakref.finalize(owner, self.stop_event.set)
@@ -115,7 +117,7 @@ class BatchPrefetcher:
         self.thread.start()
 
     @staticmethod
-    def _run(ref, out, stop):
+    def _run(ref, out, stop, unqueued):
         while not stop.is_set():
             owner = ref()
             if owner is None:
@@ -136,6 +138,7 @@ class BatchPrefetcher:
                     break
                 except queue.Full:
                     if stop.is_set() or ref() is None:
+                        unqueued.append(item)
                         return
             if item.error is not None:
                 return
@@ -174,7 +177,7 @@ class BatchPrefetcher:
             except queue.Empty:
                 break
         _live_prefetchers.discard(self)
-        return pending
+        return pending + self._unqueued
 
 
 @atexit.register
@@ -272,23 +275,26 @@ class BasePrefetchingDataLayer(Layer):
                 self._staging.discard(item.batch)
 
     # -- batches -------------------------------------------------------------------------------
-    def _records(self):
-        """Read the next batch, decode its records over the data threads and plan its
-        transform: ``(records, labels, plan, workers)``."""
+    def _load(self, staging):
+        """Read the next batch in order, then decode, check and transform (or, for the device,
+        gather) each record over the data threads into ``staging``; returns the staged batch.
+        The first record is decoded first: the batch takes its shape (Caffe's ``load_batch``)."""
         items, labels, names = self._read_batch()
-        workers = data_workers.shared()
+        first = self._decode(items[0], names[0])
+        plan = self._transformer.start_batch(first, len(items), names, self.size_hint,
+                                             windows=staging.on_device)
+        target = staging.batch(plan, first)
         held = getattr(_thread_local, "held", None)
 
-        def decode(i):
+        def record(i):
             before = getattr(_thread_local, "held", None)
             _thread_local.held = held     # log records go with the batch being loaded
             try:
-                return self._decode(items[i], names[i])
+                target.put(i, first if i == 0 else self._decode(items[i], names[i]))
             finally:
                 _thread_local.held = before
-        records = workers.run(decode, len(items))
-        records, plan = self._transformer.plan_records(records, names, self.size_hint)
-        return records, labels, plan, workers
+        data_workers.shared().run(record, len(items))
+        return staging.finish(target, labels)
 
     def load_batch(self):
         """Read the next batch and transform it on the host (Caffe's ``load_batch``). Called on
@@ -299,16 +305,13 @@ class BasePrefetchingDataLayer(Layer):
             Batch(data float32 (N, C, H, W) numpy array, label float32 (N,) numpy array or None).
         """
         self._sync()
-        records, labels, plan, workers = self._records()
-        out = numpy.empty(plan.out_shape, numpy.float32)
-        plan.run(records, out, None, workers)
-        return Batch(out, labels)
+        staged = self._load(HostStaging(1))
+        return Batch(staged.data, staged.label)
 
     def _load_batch(self):
-        """Read the next batch, draw its transform and stage it (what the prefetch thread
-        queues): see :mod:`caffe_engine.io.staging`."""
-        records, labels, plan, workers = self._records()
-        return self._staging.stage(records, labels, plan, workers)
+        """Read the next batch and stage it (what the prefetch thread queues): see
+        :mod:`caffe_engine.io.staging`."""
+        return self._load(self._staging)
 
     def next_batch(self):
         """The staged batch the next forward outputs: from the prefetch queue (the thread is
@@ -332,6 +335,7 @@ class BasePrefetchingDataLayer(Layer):
         return item.batch
 
     def forward(self, bottom, top):
+        self._staging.recycle()
         staged = self.next_batch()
         self._staging.deliver(staged, top[0], top[1] if len(top) > 1 else None)
 

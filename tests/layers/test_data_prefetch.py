@@ -71,8 +71,8 @@ def test_solver_rank_set_after_prefetching_started(tmp_path):
 
 def test_thread_log_records_come_with_their_batch(tmp_path, caplog):
     source = make_source(tmp_path, count=6)
+    caplog.set_level(logging.INFO, logger="caffe_engine")   # before setup starts the thread
     layer, top = data_layer(source, 4)
-    caplog.set_level(logging.INFO, logger="caffe_engine")
     layer.forward([], top)                  # records 0-3
     time.sleep(0.1)                         # the thread reads past the end meanwhile
     restarts = lambda: [r for r in caplog.records
