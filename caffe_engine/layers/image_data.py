@@ -72,7 +72,7 @@ class ImageDataLayer(BasePrefetchingDataLayer):
     image's, or new_height/new_width, or crop_size); ``label`` (N,) float32, the integers of the
     list. N is ``batch_size``. Each batch takes the size of its first image; the others must have
     it, unless ``crop_size`` crops each on its own (see
-    :meth:`~caffe_engine.data_transformer.DataTransformer.plan_records`).
+    :class:`~caffe_engine.data_transformer.BatchPlan`).
 
     List file: one ``path label`` per line, the label after the last space (so paths may hold
     spaces); blank lines are skipped. Each path is read as ``root_folder + path`` (a plain
