@@ -1,5 +1,6 @@
 """A small LMDB of random uint8 Datums and a Data layer reading it, for the tests of the data
-path (the prefetch thread, the device staging): ``make_source``, ``data_layer``, ``batches``."""
+path (the prefetch thread, the device staging, the data threads, encoded records):
+``make_source``, ``setup_layer``, ``data_layer``, ``batches``."""
 import numpy
 from google.protobuf import text_format
 
@@ -24,17 +25,24 @@ def make_source(tmp_path, count=11, shape=(3, 6, 7)):
     return str(tmp_path / "db")
 
 
-def data_layer(source, prefetch, transform="mirror: true crop_size: 4 scale: 0.5", batch=4):
-    """A TRAIN Data layer on ``source`` with ``transform`` (transform_param's text) set up after
-    seeding 77; returns ``(layer, [data, label])``."""
+def setup_layer(text, phase=caffe_pb2.TRAIN, seed=77):
+    """The layer of LayerParameter ``text`` with two tops (data, label), set up in ``phase``
+    after seeding ``seed``; returns ``(layer, [data, label])``."""
+    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), phase)
+    top = [Blob(), Blob()]
+    rng.set_random_seed(seed)
+    layer.setup([], top)
+    return layer, top
+
+
+def data_layer(source, prefetch, transform="mirror: true crop_size: 4 scale: 0.5", batch=4,
+               phase=caffe_pb2.TRAIN, seed=77):
+    """A Data layer on the LMDB ``source`` with ``transform`` (transform_param's text), set up
+    as :func:`setup_layer`; returns ``(layer, [data, label])``."""
     text = (f'name: "d" type: "Data" top: "data" top: "label" transform_param {{ {transform} }} '
             f'data_param {{ source: "{source}" batch_size: {batch} backend: LMDB '
             f'prefetch: {prefetch} }}')
-    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), caffe_pb2.TRAIN)
-    top = [Blob(), Blob()]
-    rng.set_random_seed(77)
-    layer.setup([], top)
-    return layer, top
+    return setup_layer(text, phase, seed)
 
 
 def batches(layer, top, count):

@@ -66,6 +66,7 @@ import os
 
 import numpy
 
+from ..backend import positive_int_env
 from ..errors import CaffeError
 from .communicator import MPICommunicator
 from .registry import register
@@ -171,16 +172,7 @@ def lanes_from_env(environ=None):
     Raises:
         CaffeError: not a positive integer (one line).
     """
-    value = (os.environ if environ is None else environ).get(LANES_VAR)
-    if value in (None, ""):
-        return None
-    try:
-        lanes = int(value)
-    except ValueError:
-        lanes = 0
-    if lanes < 1:
-        raise CaffeError(f"{LANES_VAR} must be a positive integer, got {value!r}")
-    return lanes
+    return positive_int_env(LANES_VAR, environ)
 
 
 def slice_bounds(lo, hi, lanes):

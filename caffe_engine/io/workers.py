@@ -23,8 +23,7 @@ import concurrent.futures
 import os
 import threading
 
-from ..backend import cpu_cores
-from ..errors import CaffeError
+from ..backend import cpu_cores, positive_int_env
 
 _lock = threading.Lock()
 _state = {"threads": None, "workers": None}
@@ -36,16 +35,8 @@ def default_threads():
     Raises:
         CaffeError: the variable is not a positive integer.
     """
-    value = os.environ.get("CAFFE_ENGINE_DATA_THREADS", "").strip()
-    if not value:
-        return cpu_cores()
-    try:
-        threads = int(value)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise CaffeError(f"CAFFE_ENGINE_DATA_THREADS={value!r}: expected a positive integer")
-    return threads
+    threads = positive_int_env("CAFFE_ENGINE_DATA_THREADS")
+    return cpu_cores() if threads is None else threads
 
 
 class Workers:

@@ -23,13 +23,13 @@ import pytest
 from google.protobuf import text_format
 
 from caffe_engine import rng
-from caffe_engine.blob import Blob
 from caffe_engine.data_transformer import DataTransformer
 from caffe_engine.errors import CaffeError
 from caffe_engine.io.lmdb_source import write_lmdb
-from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.rng import CaffeRNG
+import tiny_data
+from tiny_data import batches
 
 cv2 = pytest.importorskip("cv2")
 Image = pytest.importorskip("PIL.Image")
@@ -208,23 +208,8 @@ def make_db(path, datums):
     return str(path)
 
 
-def data_layer(source, transform="", batch=4, phase=caffe_pb2.TRAIN, prefetch=4, seed=77):
-    text = (f'name: "d" type: "Data" top: "data" top: "label" transform_param {{ {transform} }} '
-            f'data_param {{ source: "{source}" batch_size: {batch} backend: LMDB '
-            f'prefetch: {prefetch} }}')
-    layer = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), phase)
-    top = [Blob(), Blob()]
-    rng.set_random_seed(seed)
-    layer.setup([], top)
-    return layer, top
-
-
-def forward_all(layer, top, count):
-    out = []
-    for _ in range(count):
-        layer.forward([], top)
-        out.append((top[0].data.copy(), top[1].data.copy()))
-    return out
+def data_layer(source, transform="", batch=4, phase=caffe_pb2.TRAIN, prefetch=4):
+    return tiny_data.data_layer(source, prefetch, transform, batch, phase)
 
 
 def test_mixed_raw_and_encoded_database_equals_the_raw_one(tmp_path):
@@ -235,8 +220,8 @@ def test_mixed_raw_and_encoded_database_equals_the_raw_one(tmp_path):
                                          encoded(pil_bytes(images[i], "RGB"), i)
                                          for i, c in enumerate(chw)])
     transform = "crop_size: 8 mirror: true scale: 0.5 mean_value: 3 mean_value: 4 mean_value: 5"
-    a = forward_all(*data_layer(all_raw, transform), 6)
-    b = forward_all(*data_layer(mixed, transform), 6)
+    a = batches(*data_layer(all_raw, transform), 6)
+    b = batches(*data_layer(mixed, transform), 6)
     for (da, la), (db, lb) in zip(a, b):
         assert da.tobytes() == db.tobytes() and numpy.array_equal(la, lb)
 
@@ -248,7 +233,7 @@ def test_records_of_other_sizes_are_cropped_each_by_its_own_draws(tmp_path):
                                        for i, im in enumerate(images)])
     layer, top = data_layer(source, "crop_size: 9 mirror: true", batch=5, prefetch=0)
     stream = CaffeRNG(layer.transformer.rng.seed)
-    (data, label), = forward_all(layer, top, 1)
+    (data, label), = batches(layer, top, 1)
     assert data.shape == (5, 3, 9, 9) and label.tolist() == [0, 1, 2, 3, 4]
     for n, (image, (h, w)) in enumerate(zip(images, sizes)):
         mirror, h_off, w_off = stream.word() % 2, stream.word() % (h - 8), stream.word() % (w - 8)
@@ -259,7 +244,7 @@ def test_records_of_other_sizes_are_cropped_each_by_its_own_draws(tmp_path):
         assert layer.transformer.last_params[n].tolist() == [mirror, h_off, w_off]
     # TEST: the centre of each.
     layer, top = data_layer(source, "crop_size: 9", batch=5, phase=caffe_pb2.TEST, prefetch=0)
-    (data, _), = forward_all(layer, top, 1)
+    (data, _), = batches(layer, top, 1)
     for n, (image, (h, w)) in enumerate(zip(images, sizes)):
         top_, left = (h - 9) // 2, (w - 9) // 2
         numpy.testing.assert_array_equal(

@@ -15,15 +15,13 @@ import time
 
 import numpy
 import pytest
-from google.protobuf import text_format
 
-from caffe_engine import rng
-from caffe_engine.blob import Blob
 from caffe_engine.io import workers
 from caffe_engine.io.lmdb_source import write_lmdb
-from caffe_engine.layers import create_layer, prefetch
+from caffe_engine.layers import prefetch
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.solvers import SolverAction, get_solver
+from tiny_data import batches, setup_layer
 
 cv2 = pytest.importorskip("cv2")
 
@@ -55,22 +53,6 @@ def encoded_db(path, count=23, sizes=((32, 32), (36, 40), (33, 47))):
     return str(path)
 
 
-def layer(text, phase=caffe_pb2.TRAIN, seed=77):
-    lay = create_layer(text_format.Parse(text, caffe_pb2.LayerParameter()), phase)
-    top = [Blob(), Blob()]
-    rng.set_random_seed(seed)
-    lay.setup([], top)
-    return lay, top
-
-
-def batches(lay, top, count):
-    out = []
-    for _ in range(count):
-        lay.forward([], top)
-        out.append((top[0].data.copy(), top[1].data.copy()))
-    return out
-
-
 def assert_same(a, b):
     assert len(a) == len(b)
     for (da, la), (db, lb) in zip(a, b):
@@ -86,11 +68,11 @@ def test_threaded_pipeline_equals_the_single_threaded_path_for_50_batches(tmp_pa
     text = ('name: "d" type: "Data" top: "data" top: "label" transform_param {{ {} }} '
             'data_param {{ source: "{}" batch_size: 8 backend: LMDB prefetch: {} }}')
     data_threads(1)
-    single, single_top = layer(text.format(TRANSFORM, source, 0))
+    single, single_top = setup_layer(text.format(TRANSFORM, source, 0))
     want = batches(single, single_top, 50)
     for threads, depth in ((3, 4), (2, 1)):
         data_threads(threads)
-        threaded, top = layer(text.format(TRANSFORM, source, depth))
+        threaded, top = setup_layer(text.format(TRANSFORM, source, depth))
         assert_same(batches(threaded, top, 50), want)
         assert threaded.cursor.offset == single.cursor.offset
         assert numpy.array_equal(threaded.transformer.last_params, single.transformer.last_params)
@@ -120,11 +102,11 @@ def test_image_data_and_window_data_threaded_equal_single(tmp_path, data_threads
               'context_pad: 2 }') % (tmp_path, tmp_path)
     for text in (image, window):
         data_threads(1)
-        single, top = layer(text)
+        single, top = setup_layer(text)
         single.close()                     # loads on the caller's thread from here on
         want = [single.load_batch() for _ in range(7)]
         data_threads(3)
-        threaded, top = layer(text)
+        threaded, top = setup_layer(text)
         got = batches(threaded, top, 7)
         assert_same(got, [(b.data, b.label) for b in want])
         threaded.close()
@@ -184,7 +166,7 @@ def test_an_empty_queue_is_logged_every_thousand_waits(tmp_path, caplog, monkeyp
     assert len(said) == 3                               # waits 1, 1001 and 2001
     # A loader slower than the net: forward finds the queue empty and says so.
     source = encoded_db(tmp_path / "db", count=4, sizes=((32, 32),))
-    lay, top = layer('name: "d" type: "Data" top: "data" top: "label" '
+    lay, top = setup_layer('name: "d" type: "Data" top: "data" top: "label" '
                      f'data_param {{ source: "{source}" batch_size: 2 backend: LMDB }}')
     lay.cursor                                          # stops the thread setup started
     real = lay._load_batch
