@@ -29,7 +29,7 @@ import time
 
 import numpy
 
-from . import backend
+from . import backend, kernels
 from .comm import supervisor
 from .errors import CaffeError, one_line
 from .log import g, init_glog, log_to_files, logger
@@ -376,6 +376,7 @@ def _train(flags, ctx):
     if not gpus:
         logger.info("Use CPU.")
         backend.set_mode_cpu()
+        _log_cpu_kernels()
     else:
         if ctx is not None and ctx.size > 1:
             gpus = [_rank_gpu(ctx, gpus)]
@@ -470,6 +471,12 @@ def _phase(flags, default):
     return TRAIN if name == "TRAIN" else TEST
 
 
+def _log_cpu_kernels():
+    """The INFO line naming the kernel set and NumPy's BLAS (kernel, threads), so a machine
+    running below its instruction set shows at once."""
+    logger.info("CPU kernels: %s", kernels.describe_cpu())
+
+
 def _select_device(flags):
     """``test`` / ``time``: the first ``--gpu`` device, else the CPU."""
     gpus = _gpu_ids(flags["gpu"])
@@ -479,6 +486,7 @@ def _select_device(flags):
     else:
         logger.info("Use CPU.")
         backend.set_mode_cpu()
+        _log_cpu_kernels()
 
 
 class InterruptCheck:

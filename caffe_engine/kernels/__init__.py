@@ -131,6 +131,57 @@ def cpu_default():
     return _state["cpu"]
 
 
+def describe_cpu():
+    """One phrase for the start-up INFO line: the kernel set NumPy arrays use and the BLAS
+    behind NumPy, so a machine running below its instruction set shows at once, e.g.
+    ``cpu (Numba 0.68.1, 2 threads, AVX-512: 16 floats a vector); NumPy's BLAS: openblas
+    0.3.31 (kernel SkylakeX, 1 thread)``."""
+    choice = cpu_default()
+    kernel_set = get(choice) if isinstance(choice, str) else choice
+    return f"{kernel_set.describe()}; NumPy's BLAS: {blas_description()}"
+
+
+#: OpenBLAS kernels below AVX-512 (its ``architecture`` names; a CPU with AVX-512 runs SkylakeX,
+#: Cooperlake or SapphireRapids unless ``OPENBLAS_CORETYPE`` forces another).
+_BELOW_AVX512 = {"haswell", "zen", "sandybridge", "nehalem", "core2", "barcelona", "prescott",
+                 "atom", "penryn", "dunnington", "bulldozer", "piledriver", "steamroller",
+                 "excavator", "opteron", "generic"}
+
+
+def _host_has_avx512():
+    try:
+        from llvmlite import binding
+    except ImportError:
+        return False
+    return bool(binding.get_host_cpu_features().get("avx512f", False))
+
+
+def blas_description():
+    """NumPy's BLAS as one phrase, e.g. ``openblas 0.3.31 (kernel SkylakeX, 1 thread)``, from
+    threadpoolctl ("unknown" without it), noting ``below this CPU's AVX-512`` (and the
+    ``OPENBLAS_CORETYPE`` that forced it) when the host has AVX-512 and the library runs an
+    older kernel."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown (threadpoolctl is not installed)"
+    infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    infos = [i for i in infos if "numpy" in i.get("filepath", "")] or infos
+    if not infos:
+        return "none found"
+    phrases = []
+    for info in infos:
+        arch, threads = info.get("architecture"), info.get("num_threads")
+        phrase = (f"{info.get('internal_api')} {info.get('version')} (kernel {arch or '?'}, "
+                  f"{threads} thread{'s' if threads != 1 else ''}")
+        if arch and arch.lower() in _BELOW_AVX512 and _host_has_avx512():
+            forced = os.environ.get("OPENBLAS_CORETYPE")
+            phrase += ", below this CPU's AVX-512" + (f": OPENBLAS_CORETYPE={forced} is set"
+                                                      if forced else "")
+        phrases.append(phrase + ")")
+    return "; ".join(phrases)
+
+
 def gpu_default():
     """The name of the set CuPy arrays use: ``CAFFE_ENGINE_GPU_KERNELS`` ("cuda" or
     "reference", to compare the two on a GPU), else "cuda".

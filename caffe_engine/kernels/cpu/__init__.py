@@ -11,7 +11,7 @@ process loads them instead of compiling. Each parallel kernel is a serial ``nogi
 in parts by a :class:`.team.Team` of threads.
 """
 from ..reference import ReferenceKernels
-from . import conv_plan, gemm, lrn, neuron, pooling, solver, transform
+from . import conv_plan, gemm, lrn, neuron, pooling, simd, solver, transform
 from .team import Team
 from .tuning import CpuTuning
 from .workspace import Workspace
@@ -49,6 +49,16 @@ class CpuKernels(ReferenceKernels):
         self.workspace = Workspace()
         self.retune(tuning or CpuTuning.from_environment())
         _quiet_blas()
+
+    def describe(self):
+        """The set in one phrase for the start-up line: Numba's version, the threads and the
+        vector width the kernels were compiled for."""
+        import numba
+        width = simd.vector_width()
+        isa = "AVX-512" if width == 16 else "AVX2 or older"
+        threads = self.tuning.threads
+        return (f"cpu (Numba {numba.__version__}, {threads} thread{'s' if threads != 1 else ''}, "
+                f"{isa}: {width} floats a vector)")
 
     def retune(self, tuning):
         """Use ``tuning`` (and a team of its ``threads``) for the plans made from now on."""

@@ -12,6 +12,10 @@ class ReferenceKernels:
 
     name = "reference"
 
+    def describe(self):
+        """The set in one phrase for the start-up line."""
+        return f"{self.name} (array code)"
+
     def conv(self, geometry):
         """A plan for one :class:`..geometry.ConvGeometry` (any number of spatial axes)."""
         return conv.ConvPlan(geometry)
