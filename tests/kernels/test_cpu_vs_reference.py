@@ -1,8 +1,8 @@
 """The cpu kernel set against the reference set on random geometry.
 
 Convolution (2-D: odd sizes, padding up to the kernel, stride beyond the kernel, dilation,
-groups, batch 1, each way of laying images out and cutting blocks) within a float32 summation
-tolerance; pooling, LRN, the solver steps and the data transform bit for bit.
+groups, batch 1, each way of laying images out and cutting blocks; depthwise ones through their
+direct kernel and through the grouped plan) within a float32 summation tolerance; pooling, LRN, the solver steps and the data transform bit for bit.
 """
 import numpy
 import pytest
@@ -15,6 +15,8 @@ from caffe_engine.proto import caffe_pb2
 
 pytest.importorskip("numba", reason="the cpu kernel set needs Numba")
 from caffe_engine.kernels.cpu import CpuKernels  # noqa: E402
+from caffe_engine.kernels.cpu import simd  # noqa: E402
+from caffe_engine.kernels.cpu.depthwise import DepthwisePlan  # noqa: E402
 from caffe_engine.kernels.cpu.tuning import CpuTuning  # noqa: E402
 
 f32 = numpy.float32
@@ -99,6 +101,51 @@ def test_convolution_layer_shapes(tuning, shape):
     arrays = conv_arrays(g, numpy.random.default_rng(1))
     want = conv_results(REF.conv(g), g, *arrays)
     got = conv_results(CpuKernels(tuning).conv(g), g, *arrays)
+    assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
+
+
+def random_depthwise(rng):
+    """A random depthwise geometry (group = channels = num_output): rows long enough for the
+    direct kernel (stride 1, >= one vector of outputs) half the time, else the grouped plan."""
+    channels = int(rng.integers(2, 9))
+    kernel = tuple(int(k) for k in rng.integers(1, 6, 2))
+    dilation = tuple(int(d) for d in rng.choice([1, 1, 2], 2))
+    stride = (1, 1) if rng.random() < 0.5 else tuple(int(rng.integers(1, k + 2)) for k in kernel)
+    pad = tuple(int(rng.integers(0, k + 1)) for k in kernel)
+    extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+    in_spatial = tuple(max(1, max(e - 2 * p, 0) + int(rng.integers(0, 40)))
+                       for e, p in zip(extent, pad))
+    out = conv_output_shape(in_spatial, kernel, stride, pad, dilation)
+    if min(out) < 1:
+        return random_depthwise(rng)
+    num = int(rng.choice([1, 2, 5]))
+    return ConvGeometry(num, channels, channels, channels, in_spatial, out, kernel, stride, pad,
+                        dilation)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_depthwise_convolution_matches_reference(seed):
+    rng = numpy.random.default_rng(100 + seed)
+    g = random_depthwise(rng)
+    arrays = conv_arrays(g, rng)
+    want = conv_results(REF.conv(g), g, *arrays)
+    plan = CpuKernels(TUNINGS[seed % len(TUNINGS)]).conv(g)
+    assert isinstance(plan, DepthwisePlan)
+    got = conv_results(plan, g, *arrays)
+    assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 40, 1), (3, 8, 33, 2), (1, 32, 7, 1), (2, 24, 56, 1)])
+def test_depthwise_mobilenet_shapes(shape):
+    n, c, h, s = shape
+    out = conv_output_shape((h, h), (3, 3), (s, s), (1, 1), (1, 1))
+    g = ConvGeometry(n, c, c, c, (h, h), out, (3, 3), (s, s), (1, 1), (1, 1))
+    arrays = conv_arrays(g, numpy.random.default_rng(2))
+    want = conv_results(REF.conv(g), g, *arrays)
+    plan = CpuKernels(CpuTuning(threads=2)).conv(g)
+    direct = s == 1 and out[1] >= simd.vector_width()     # 40 and 56: rows; 7 and stride 2: not
+    assert plan.rows == direct and (plan.general is None) == direct
+    got = conv_results(plan, g, *arrays)
     assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
 
 

@@ -1,7 +1,7 @@
 """The cpu kernel set: Numba kernels for NumPy arrays (see :mod:`caffe_engine.kernels`).
 
-2-D convolution (:mod:`.conv`, :mod:`.conv_plan`), the matrix products of InnerProduct
-(:mod:`.gemm`), pooling (:mod:`.pooling`), ACROSS_CHANNELS LRN (:mod:`.lrn`), ReLU
+2-D convolution (:mod:`.conv`, :mod:`.conv_plan`; depthwise ones :mod:`.depthwise`), the matrix
+products of InnerProduct (:mod:`.gemm`), pooling (:mod:`.pooling`), ACROSS_CHANNELS LRN (:mod:`.lrn`), ReLU
 (:mod:`.neuron`), the fused solver step (:mod:`.solver`) and the data transform
 (:mod:`.transform`), built on the SIMD intrinsics of :mod:`.simd`; everything else (N-D
 convolution, WITHIN_CHANNEL LRN, im2col) is the reference set's. How the work is cut is one
@@ -11,7 +11,7 @@ process loads them instead of compiling. Each parallel kernel is a serial ``nogi
 in parts by a :class:`.team.Team` of threads.
 """
 from ..reference import ReferenceKernels
-from . import conv_plan, gemm, lrn, neuron, pooling, simd, solver, transform
+from . import conv_plan, depthwise, gemm, lrn, neuron, pooling, simd, solver, transform
 from .team import Team
 from .tuning import CpuTuning
 from .workspace import Workspace
@@ -82,6 +82,9 @@ class CpuKernels(ReferenceKernels):
     def conv(self, geometry):
         if len(geometry.kernel) != 2:
             return super().conv(geometry)
+        if depthwise.is_depthwise(geometry):
+            return depthwise.DepthwisePlan(geometry, self.team, lambda: conv_plan.Conv2dPlan(
+                geometry, self.tuning, self.workspace, self.team))
         return conv_plan.Conv2dPlan(geometry, self.tuning, self.workspace, self.team)
 
     def pooling(self, geometry):

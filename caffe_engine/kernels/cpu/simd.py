@@ -16,7 +16,9 @@ geometry guarantees them; the tests compare every caller with the NumPy referenc
   A's rows and B's rows either ``lda``/``ldb`` apart or found through a table of offsets.
 * :func:`copy` ``(dst, d0, src, s0, n)``, :func:`fill` ``(dst, d0, n, value)``,
   :func:`add_into` ``(dst, d0, src, s0, n)`` (``dst += src``), :func:`copy_plus`
-  ``(dst, d0, src, s0, n, value)`` (``dst = src + value``): whole vectors, then one masked vector.
+  ``(dst, d0, src, s0, n, value)`` (``dst = src + value``), :func:`axpy` ``(dst, d0, src, s0, n,
+  value)`` (``dst += value * src``, fused), :func:`mul_add_into` ``(dst, d0, a, a0, b, b0, n)``
+  (``dst += a * b``, fused): whole vectors, then one masked vector.
 * :func:`total` ``(src, s0, n)``: a float32 sum in a fixed order (lane-wise, then the lanes).
 * :func:`pool_window` ``(kind, stride)``: MAX or AVE pooling's window for a row of outputs;
   :func:`window_spread`: AVE pooling's backward for a row of inputs.
@@ -111,19 +113,27 @@ def _vector_op(kind, w):
 
     The elements ``[0, n)`` are done as ``n // w`` whole vectors and one masked vector."""
     def codegen(context, builder, signature, args):
+        other_p = None
         if kind == "fill":
             dst_t = signature.args[0]
             dst, d0, n, value = args
             src_p = s0 = None
+        elif kind == "mul_add_into":
+            dst_t, src_t, other_t = signature.args[0], signature.args[2], signature.args[4]
+            dst, d0, src, s0, other, o0, n = args
+            value = None
+            src_p = builder.gep(_data(context, builder, src_t, src), [s0])
+            other_p = builder.gep(_data(context, builder, other_t, other), [o0])
         else:
             dst_t, src_t = signature.args[0], signature.args[2]
             dst, d0, src, s0, n = args[:5]
-            value = args[5] if kind == "copy_plus" else None
+            value = args[5] if kind in ("copy_plus", "axpy") else None
             src_p = builder.gep(_data(context, builder, src_t, src), [s0])
         dst_p = builder.gep(_data(context, builder, dst_t, dst), [d0])
         vt = _vt(w)
         splat = _splat(builder, value, w) if value is not None else None
         mload, mstore = _masked(builder, w)
+        fma = _fma(builder, w) if kind in ("axpy", "mul_add_into") else None
         align = ir.Constant(I32, 4)
 
         def step(builder, off, mask):
@@ -138,6 +148,10 @@ def _vector_op(kind, w):
                 v = load(src_p)
             elif kind == "copy_plus":
                 v = builder.fadd(load(src_p), splat)
+            elif kind == "axpy":
+                v = builder.call(fma, [splat, load(src_p), load(dst_p)])
+            elif kind == "mul_add_into":
+                v = builder.call(fma, [load(src_p), load(other_p), load(dst_p)])
             else:  # add_into
                 v = builder.fadd(load(dst_p), load(src_p))
             p = _vptr(builder, dst_p, off, w)
@@ -162,7 +176,11 @@ def _row_intrinsic(kind):
     if kind == "fill":
         def typer(typingctx, dst, d0, n, value):
             return types.void(dst, types.int64, types.int64, types.float32), _vector_op(kind, w)
-    elif kind == "copy_plus":
+    elif kind == "mul_add_into":
+        def typer(typingctx, dst, d0, src, s0, other, o0, n):
+            return (types.void(dst, types.int64, src, types.int64, other, types.int64,
+                               types.int64), _vector_op(kind, w))
+    elif kind in ("copy_plus", "axpy"):
         def typer(typingctx, dst, d0, src, s0, n, value):
             return (types.void(dst, types.int64, src, types.int64, types.int64, types.float32),
                     _vector_op(kind, w))
@@ -178,6 +196,8 @@ copy = _row_intrinsic("copy")
 fill = _row_intrinsic("fill")
 add_into = _row_intrinsic("add_into")
 copy_plus = _row_intrinsic("copy_plus")
+axpy = _row_intrinsic("axpy")
+mul_add_into = _row_intrinsic("mul_add_into")
 
 
 def _total_codegen(w):
