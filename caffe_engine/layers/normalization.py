@@ -8,6 +8,9 @@ Pooling, Power and Eltwise PROD layers (the kernel sets' LRN, :mod:`caffe_engine
 the mean/variance reductions of BatchNorm and MVN as a sum over the spatial positions of each
 (n, c) followed by a sum over n. The reductions that
 Caffe hands to BLAS may still differ from it by a few float32 ulps of the summed magnitudes.
+
+BatchNorm's work arrays (Caffe's per-layer ``temp_``, and the copy of the top diff in place) are
+shared by every layer of the thread (:mod:`.scratch`): they live within one call.
 """
 import numpy
 
@@ -16,6 +19,7 @@ from ..backend import get_array_module
 from ..blob import Blob
 from ..kernels.geometry import LRNGeometry
 from ..proto import caffe_pb2
+from . import scratch
 from .base import Layer, register
 
 f32 = numpy.float32
@@ -157,7 +161,6 @@ class BatchNormLayer(Layer):
         self.view = (num, self.channels, bottom[0].count // max(num * self.channels, 1))
         xp = get_array_module(bottom[0].data)
         _buffer(self, "x_norm", xp, self.view)
-        _buffer(self, "work", xp, self.view)
         _buffer(self, "std", xp, (1, self.channels, 1))
 
     def _channel_sum(self, xp, a, alpha=None):
@@ -183,8 +186,9 @@ class BatchNormLayer(Layer):
             mean = self._channel_sum(xp, x, inv)
         xp.subtract(x, mean.reshape(1, channels, 1), out=y)
         if not self.use_global_stats:
-            xp.multiply(y, y, out=self.work)
-            var = self._channel_sum(xp, self.work, inv)
+            work = scratch.get(xp, self.view)
+            xp.multiply(y, y, out=work)
+            var = self._channel_sum(xp, work, inv)
             maf = self.moving_average_fraction
             s = self.blobs[2].data
             s *= maf
@@ -208,14 +212,16 @@ class BatchNormLayer(Layer):
         num, channels, spatial = self.view
         dy = top[0].diff.reshape(self.view)
         if top[0] is bottom[0]:
-            dy = dy.copy()
+            dy = scratch.get(xp, self.view, "top_diff")
+            xp.copyto(dy, top[0].diff.reshape(self.view))
         dx = bottom[0].diff.reshape(self.view)
         if self.use_global_stats:
             xp.divide(dy, self.std, out=dx)
             return
         y = self.x_norm
-        xp.multiply(y, dy, out=self.work)
-        dot = self._channel_sum(xp, self.work).reshape(1, channels, 1)
+        work = scratch.get(xp, self.view)
+        xp.multiply(y, dy, out=work)
+        dot = self._channel_sum(xp, work).reshape(1, channels, 1)
         total = self._channel_sum(xp, dy).reshape(1, channels, 1)
         xp.multiply(y, dot, out=dx)
         xp.add(total, dx, out=dx)
