@@ -9,6 +9,7 @@ from .. import fillers
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
+from . import scratch
 from ._helpers import _axis
 from .base import Layer, register
 
@@ -272,6 +273,15 @@ class ScaleLayer(Layer):
             self.blobs.append(bias)
         self.param_propagate_down = [True] * len(self.blobs)
         self.temp = None
+        self.input_source = None
+
+    def share_input(self, source):
+        """Read the input saved for the scale's gradient from ``source()`` (an array of bottom
+        0's values, e.g. the BatchNorm just before, in place, keeps its output as ``x_norm``)
+        instead of copying it in ``forward``: Caffe's ``temp_`` holds the same values a second
+        time. The net links the two (:meth:`caffe_engine.net.Net`); results are unchanged."""
+        self.input_source = source
+        self.temp = None
 
     def reshape(self, bottom, top):
         p = self.param.scale_param
@@ -279,7 +289,8 @@ class ScaleLayer(Layer):
         self.view = _broadcast_view(self, bottom[0], scale, p.axis, "scale")
         xp = get_array_module(bottom[0].data)
         if top[0] is bottom[0]:
-            self.temp = _buffer(self.temp, bottom[0].shape, xp)
+            if self.input_source is None:
+                self.temp = _buffer(self.temp, bottom[0].shape, xp)
         else:
             top[0].reshape(bottom[0].shape)
         if self.bias_term:
@@ -287,7 +298,7 @@ class ScaleLayer(Layer):
 
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
-        if top[0] is bottom[0]:
+        if top[0] is bottom[0] and self.input_source is None:
             xp.copyto(self.temp, bottom[0].data)
         scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
         outer, dim, inner = self.view
@@ -309,8 +320,12 @@ class ScaleLayer(Layer):
             # the bottom diff (overwritten below when it is wanted, garbage otherwise, as in
             # Caffe), or in place the saved input itself (no longer needed after this).
             in_place = top[0] is bottom[0]
-            x = self.temp if in_place else bottom[0].data
-            product = self.temp if in_place else bottom[0].diff
+            if in_place and self.input_source is not None:
+                x = self.input_source().reshape(bottom[0].shape)
+                product = scratch.get(xp, bottom[0].shape, "scale_product")
+            else:
+                x = self.temp if in_place else bottom[0].data
+                product = self.temp if in_place else bottom[0].diff
             xp.multiply(top[0].diff, x, out=product)
             sums = product.reshape(self.view).sum(axis=2).sum(axis=0)
             # Caffe accumulates a learned scale's gradient except in two layouts, where its
