@@ -5,7 +5,7 @@ Caffe: src/caffe/layers/<name>_layer.cpp for each (eltwise, bias, scale).
 """
 import numpy
 
-from .. import fillers
+from .. import fillers, kernels
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
@@ -314,6 +314,10 @@ class ScaleLayer(Layer):
         scale_param = len(bottom) == 1
         scale = self.blobs[0] if scale_param else bottom[1]
         outer, dim, inner = self.view
+        ks = kernels.for_array(top[0].diff)
+        dy = top[0].diff.reshape(self.view)
+        dx = bottom[0].diff.reshape(self.view) if propagate_down[0] else None
+        fused = False
         if (scale_param and self.param_propagate_down[0]) or \
                 (not scale_param and propagate_down[1]):
             # The product top_diff * x needs a bottom-sized scratch array. As in Caffe, that is
@@ -326,7 +330,11 @@ class ScaleLayer(Layer):
             else:
                 x = self.temp if in_place else bottom[0].data
                 product = self.temp if in_place else bottom[0].diff
-            xp.multiply(top[0].diff, x, out=product)
+            # One pass for the product and the bottom diff, unless they are the same memory;
+            # each element of dy is read before the bottom diff (dy itself in place) is written.
+            fused = dx is not None and product is not bottom[0].diff
+            ks.scale_grad(dy, x.reshape(self.view), scale.data, product.reshape(self.view),
+                          dx if fused else None)
             sums = product.reshape(self.view).sum(axis=2).sum(axis=0)
             # Caffe accumulates a learned scale's gradient except in two layouts, where its
             # BLAS call writes the scale diff directly (eltwise: the product itself; outer 1 with
@@ -338,6 +346,5 @@ class ScaleLayer(Layer):
                 scale.diff += sums.reshape(scale.shape)
             else:
                 scale.diff[...] = sums.reshape(scale.shape)
-        if propagate_down[0]:
-            xp.multiply(top[0].diff.reshape(self.view), scale.data.reshape(1, dim, 1),
-                        out=bottom[0].diff.reshape(self.view))
+        if dx is not None and not fused:
+            ks.scale_grad(dy, None, scale.data, None, dx)

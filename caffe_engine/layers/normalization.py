@@ -9,8 +9,10 @@ the mean/variance reductions of BatchNorm and MVN as a sum over the spatial posi
 (n, c) followed by a sum over n. The reductions that
 Caffe hands to BLAS may still differ from it by a few float32 ulps of the summed magnitudes.
 
-BatchNorm's work arrays (Caffe's per-layer ``temp_``, and the copy of the top diff in place) are
-shared by every layer of the thread (:mod:`.scratch`): they live within one call.
+BatchNorm's work array (Caffe's per-layer ``temp_``) is shared by every layer of the thread
+(:mod:`.scratch`): it lives within one call. Its elementwise passes are the kernel sets'
+(``center``, ``normalize``, ``batch_norm_grad``: one fused pass each on the cpu set, the same
+bits as the reference's array code), so a gradient in place needs no copy of the top diff.
 """
 import numpy
 
@@ -173,6 +175,7 @@ class BatchNormLayer(Layer):
 
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
+        ks = kernels.for_array(bottom[0].data)
         num, channels, spatial = self.view
         x = bottom[0].data.reshape(self.view)
         y = top[0].data.reshape(self.view)
@@ -181,13 +184,12 @@ class BatchNormLayer(Layer):
             factor = xp.where(stored == 0, f32(0), f32(1) / xp.where(stored == 0, f32(1), stored))
             mean = factor * self.blobs[0].data
             var = factor * self.blobs[1].data
+            ks.center(x, mean, y)
         else:
             inv = f32(1.0 / (num * spatial))
             mean = self._channel_sum(xp, x, inv)
-        xp.subtract(x, mean.reshape(1, channels, 1), out=y)
-        if not self.use_global_stats:
             work = scratch.get(xp, self.view)
-            xp.multiply(y, y, out=work)
+            ks.center(x, mean, y, work)
             var = self._channel_sum(xp, work, inv)
             maf = self.moving_average_fraction
             s = self.blobs[2].data
@@ -202,8 +204,7 @@ class BatchNormLayer(Layer):
         std = self.std
         std[...] = (var + self.eps).reshape(1, channels, 1)
         xp.sqrt(std, out=std)
-        y /= std
-        self.x_norm[...] = y
+        ks.normalize(y, std, self.x_norm)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -211,9 +212,6 @@ class BatchNormLayer(Layer):
         xp = get_array_module(top[0].diff)
         num, channels, spatial = self.view
         dy = top[0].diff.reshape(self.view)
-        if top[0] is bottom[0]:
-            dy = scratch.get(xp, self.view, "top_diff")
-            xp.copyto(dy, top[0].diff.reshape(self.view))
         dx = bottom[0].diff.reshape(self.view)
         if self.use_global_stats:
             xp.divide(dy, self.std, out=dx)
@@ -221,13 +219,11 @@ class BatchNormLayer(Layer):
         y = self.x_norm
         work = scratch.get(xp, self.view)
         xp.multiply(y, dy, out=work)
-        dot = self._channel_sum(xp, work).reshape(1, channels, 1)
-        total = self._channel_sum(xp, dy).reshape(1, channels, 1)
-        xp.multiply(y, dot, out=dx)
-        xp.add(total, dx, out=dx)
-        dx *= f32(-1.0 / (num * spatial))
-        dx += dy
-        dx /= self.std
+        dot = self._channel_sum(xp, work)
+        total = self._channel_sum(xp, dy)
+        # dx = ((y dot + total) (-1 / m) + dy) / std, dy read before dx overwrites it in place
+        kernels.for_array(dy).batch_norm_grad(y, dy, dot, total, f32(-1.0 / (num * spatial)),
+                                              self.std, dx)
 
 
 @register("MVN")

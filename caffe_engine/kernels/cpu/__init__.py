@@ -1,8 +1,9 @@
 """The cpu kernel set: Numba kernels for NumPy arrays (see :mod:`caffe_engine.kernels`).
 
 2-D convolution (:mod:`.conv`, :mod:`.conv_plan`; depthwise ones :mod:`.depthwise`), the matrix
-products of InnerProduct (:mod:`.gemm`), pooling (:mod:`.pooling`), ACROSS_CHANNELS LRN (:mod:`.lrn`), ReLU
-(:mod:`.neuron`), the fused solver step (:mod:`.solver`) and the data transform
+products of InnerProduct (:mod:`.gemm`), pooling (:mod:`.pooling`), ACROSS_CHANNELS LRN
+(:mod:`.lrn`), ReLU (:mod:`.neuron`), BatchNorm's and Scale's per-channel passes
+(:mod:`.channelwise`), the fused solver step (:mod:`.solver`) and the data transform
 (:mod:`.transform`), built on the SIMD intrinsics of :mod:`.simd`; everything else (N-D
 convolution, WITHIN_CHANNEL LRN, im2col) is the reference set's. How the work is cut is one
 frozen :class:`.tuning.CpuTuning`; scratch memory is one :class:`.workspace.Workspace`.
@@ -10,8 +11,10 @@ Kernels are compiled on first use and cached on disk (Numba's ``cache=True``), s
 process loads them instead of compiling. Each parallel kernel is a serial ``nogil`` function run
 in parts by a :class:`.team.Team` of threads.
 """
+import numpy
+
 from ..reference import ReferenceKernels
-from . import conv_plan, depthwise, gemm, lrn, neuron, pooling, simd, solver, transform
+from . import channelwise, conv_plan, depthwise, gemm, lrn, neuron, pooling, simd, solver, transform
 from .team import Team
 from .tuning import CpuTuning
 from .workspace import Workspace
@@ -34,6 +37,12 @@ def _quiet_blas():
 
 
 _quieted = False
+
+
+def _contiguous(*arrays):
+    """Whether every array given (None: absent) is C-contiguous float32, as the fused
+    per-channel passes need."""
+    return all(a is None or (a.flags.c_contiguous and a.dtype == numpy.float32) for a in arrays)
 
 
 class CpuKernels(ReferenceKernels):
@@ -78,6 +87,33 @@ class CpuKernels(ReferenceKernels):
         if not (x.flags.c_contiguous and dy.flags.c_contiguous and dx.flags.c_contiguous):
             return super().relu_backward(x, dy, dx, negative_slope)
         neuron.relu_backward(x, dy, dx, negative_slope, self.team)
+
+    def center(self, x, mean, y, square=None):
+        if not _contiguous(x, y, square):
+            return super().center(x, mean, y, square)
+        channelwise.center(x, mean.reshape(-1), y, square, self.team)
+
+    def normalize(self, y, std, copy=None):
+        if not _contiguous(y, copy):
+            return super().normalize(y, std, copy)
+        channelwise.normalize(y, std.reshape(-1), copy, self.team)
+
+    def batch_norm_grad(self, y, dy, dot, total, factor, std, dx):
+        if not _contiguous(y, dy, dx):
+            return super().batch_norm_grad(y, dy, dot, total, factor, std, dx)
+        channelwise.batch_norm_grad(y, dy, dot.reshape(-1), total.reshape(-1), factor,
+                                    std.reshape(-1), dx, self.team)
+
+    def scale_shift(self, x, scale, bias, y):
+        if not _contiguous(x, y):
+            return super().scale_shift(x, scale, bias, y)
+        channelwise.scale_shift(x, scale.reshape(-1),
+                                bias.reshape(-1) if bias is not None else None, y, self.team)
+
+    def scale_grad(self, dy, x, scale, product=None, dx=None):
+        if not _contiguous(dy, x, product, dx):
+            return super().scale_grad(dy, x, scale, product, dx)
+        channelwise.scale_grad(dy, x, scale.reshape(-1), product, dx, self.team)
 
     def conv(self, geometry):
         if len(geometry.kernel) != 2:

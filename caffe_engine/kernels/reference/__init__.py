@@ -4,7 +4,7 @@ What NumPy arrays fall back to without Numba, what the cuda set falls back to fo
 not cover (it runs on CuPy arrays too), and the oracle the tests hold the compiled kernels to.
 """
 from ...backend import get_array_module
-from . import conv, lrn, neuron, pooling, softmax, solver, transform
+from . import channelwise, conv, lrn, neuron, pooling, softmax, solver, transform
 
 
 class ReferenceKernels:
@@ -15,6 +15,26 @@ class ReferenceKernels:
     def describe(self):
         """The set in one phrase for the start-up line."""
         return f"{self.name} (array code)"
+
+    def center(self, x, mean, y, square=None):
+        """BatchNorm's ``y = x - mean`` (and ``square = y * y``); see :mod:`.channelwise`."""
+        channelwise.center(x, mean, y, square)
+
+    def normalize(self, y, std, copy=None):
+        """BatchNorm's ``y /= std`` (and ``copy[...] = y``); see :mod:`.channelwise`."""
+        channelwise.normalize(y, std, copy)
+
+    def batch_norm_grad(self, y, dy, dot, total, factor, std, dx):
+        """BatchNorm's gradient with batch statistics; see :mod:`.channelwise`."""
+        channelwise.batch_norm_grad(y, dy, dot, total, factor, std, dx)
+
+    def scale_shift(self, x, scale, bias, y):
+        """Scale's ``y = x * scale (+ bias)``; see :mod:`.channelwise`."""
+        channelwise.scale_shift(x, scale, bias, y)
+
+    def scale_grad(self, dy, x, scale, product=None, dx=None):
+        """Scale's ``product = dy * x`` and ``dx = dy * scale``; see :mod:`.channelwise`."""
+        channelwise.scale_grad(dy, x, scale, product, dx)
 
     def conv(self, geometry):
         """A plan for one :class:`..geometry.ConvGeometry` (any number of spatial axes)."""
