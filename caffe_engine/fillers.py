@@ -62,26 +62,28 @@ def _no_sparse(param):
                          f"(got sparse: {param.sparse})")
 
 
-def _constant(param, shape, rng):
+def _constant(param, shape, rng, out=None):
     _no_sparse(param)
     return numpy.full(shape, f32(param.value), f32)
 
 
-def _uniform(param, shape, rng):
+def _uniform(param, shape, rng, out=None):
     if f32(param.min) > f32(param.max):
         raise CaffeError(f"uniform filler needs min <= max, got min {param.min} max {param.max}")
-    values = rng.uniform(int(numpy.prod(shape)), param.min, param.max).reshape(shape)
+    values = rng.uniform(int(numpy.prod(shape)), param.min, param.max, out=out).reshape(shape)
     _no_sparse(param)
     return values
 
 
-def _gaussian(param, shape, rng):
+def _gaussian(param, shape, rng, out=None):
     if not f32(param.std) > 0:
         raise CaffeError(f"gaussian filler needs std > 0, got {param.std}")
     if param.sparse < -1:
         raise CaffeError(f"gaussian filler needs sparse >= -1, got {param.sparse}")
     count = int(numpy.prod(shape))
-    values = rng.gaussian(count, param.mean, param.std)
+    if param.sparse >= 0:
+        out = None      # checked below, once the gaussians are drawn
+    values = rng.gaussian(count, param.mean, param.std, out=out)
     if param.sparse >= 0:
         if not shape:
             raise CaffeError("gaussian filler with sparse needs a blob with at least one axis")
@@ -93,7 +95,7 @@ def _gaussian(param, shape, rng):
     return values.reshape(shape)
 
 
-def _positive_unitball(param, shape, rng):
+def _positive_unitball(param, shape, rng, out=None):
     count = int(numpy.prod(shape))
     values = rng.uniform(count, 0.0, 1.0)
     rows = values.reshape(shape[0] if shape else 1, -1)
@@ -104,21 +106,21 @@ def _positive_unitball(param, shape, rng):
     return rows.reshape(shape)
 
 
-def _xavier(param, shape, rng):
+def _xavier(param, shape, rng, out=None):
     scale = f32(math.sqrt(f32(3.0) / _norm_n(param, shape)))
-    values = rng.uniform(int(numpy.prod(shape)), -scale, scale).reshape(shape)
+    values = rng.uniform(int(numpy.prod(shape)), -scale, scale, out=out).reshape(shape)
     _no_sparse(param)
     return values
 
 
-def _msra(param, shape, rng):
+def _msra(param, shape, rng, out=None):
     std = f32(math.sqrt(f32(2.0) / _norm_n(param, shape)))
-    values = rng.gaussian(int(numpy.prod(shape)), 0.0, std).reshape(shape)
+    values = rng.gaussian(int(numpy.prod(shape)), 0.0, std, out=out).reshape(shape)
     _no_sparse(param)
     return values
 
 
-def _bilinear(param, shape, rng):
+def _bilinear(param, shape, rng, out=None):
     if len(shape) != 4 or shape[2] != shape[3]:
         raise CaffeError(f"bilinear filler needs a 4-D blob with square kernels, got {shape}")
     # Caffe (at the reference commit): f = ceil(width / 2.), c = (width - 1) / (2. * f) in
@@ -164,6 +166,12 @@ def fill(blob, filler_param, rng=None):
     if fn is None:
         raise CaffeError(f"unknown filler type '{filler_param.type}' "
                          f"(known: {', '.join(sorted(FILLERS))})")
-    values = fn(filler_param, tuple(blob.shape), rng or get_rng())
-    xp = backend.get_array_module(blob.data)
-    blob.data[...] = xp.asarray(values)
+    data = blob.data
+    # The random fillers draw straight into a NumPy blob (``out``): no second pass over it.
+    direct = (type(data) is numpy.ndarray and data.dtype == f32 and data.flags.c_contiguous
+              and data.size > 0)
+    values = fn(filler_param, tuple(blob.shape), rng or get_rng(), out=data if direct else None)
+    if direct and numpy.may_share_memory(values, data):
+        return          # the draws went into the blob itself
+    xp = backend.get_array_module(data)
+    data[...] = xp.asarray(values)

@@ -267,6 +267,153 @@ def test_gaussian_speed():
 
 
 # ------------------------------------------------------------------------------------------------
+# The compiled draws (caffe_engine/kernels/cpu/rng.py: mt19937 and the distributions in Numba)
+# ------------------------------------------------------------------------------------------------
+def _needs_compiled():
+    pytest.importorskip("numba")
+
+
+def _uniform_expected(words, n, a, b):
+    hi = numpy.nextafter(f32(b), f32(numpy.inf))
+    out, k = [], 0
+    while len(out) < n:
+        v = f32(words[k]) / (f32(4294967295) + f32(1)) * (hi - f32(a)) + f32(a)
+        k += 1
+        if v < hi:
+            out.append(v)
+    return numpy.array(out, f32), k
+
+
+@pytest.mark.parametrize("seed", [1, 1701, 4294967295])
+def test_compiled_gaussian_matches_scalar_boost(monkeypatch, seed):
+    """Every bit and the stream position, across many mt19937 regenerations (624 words)."""
+    _needs_compiled()
+    monkeypatch.setattr(rng, "_COMPILED_MIN", 0)
+    n = 200_000
+    ref = BoostReference(raw_words(seed, int(n * 1.1)))
+    stream = rng.CaffeRNG(seed)
+    got = numpy.concatenate([stream.gaussian(k, 0.2, 0.7) for k in (1, 623, 625, n - 1249)])
+    assert bits_equal(got, ref.gaussian(n, 0.2, 0.7))
+    assert stream.words(3).tolist() == [ref.eng() for _ in range(3)]
+    assert ref.tails > 50 and ref.wedge_tests > 1500
+
+
+def test_compiled_draws_take_the_held_back_words_first(monkeypatch):
+    """Tails, wedge uniforms rounding to 1, a uniform rejected at the top, held-back words."""
+    _needs_compiled()
+    monkeypatch.setattr(rng, "_COMPILED_MIN", 0)
+    held = adversarial_words(3, 6000)
+    stream = rng.CaffeRNG(77)
+    stream._pending = held.astype(numpy.uint32)
+    words = numpy.concatenate([held, raw_words(77, 20_000).astype(numpy.uint64)])
+    ref = BoostReference(words)
+    assert bits_equal(stream.gaussian(800, -1.0, 0.01), ref.gaussian(800, -1.0, 0.01))
+    assert ref.tails > 100 and ref.pos < len(held) - 2000
+    rest = words[ref.pos:]
+    expected, used = _uniform_expected(rest, 5000, 0.0, 1.0)
+    assert used > 5000                   # the adversarial words near 2**32 were rejected
+    assert bits_equal(stream.uniform(5000, 0.0, 1.0), expected)
+    assert stream.word() == int(rest[used])
+
+
+def test_compiled_and_numpy_draws_agree(monkeypatch):
+    """The same stream through either implementation, over draws big and small."""
+    _needs_compiled()
+    draws = [("gaussian", 300_001, 0.0, 0.01), ("uniform", 262_144, -0.3, 0.3),
+             ("gaussian", 5, 1.0, 2.0), ("uniform", 1_000_003, 0.0, 1.0),
+             ("gaussian", 1 << 19, 0.5, 3.0)]
+    results = []
+    for minimum in (0, 1 << 62):
+        monkeypatch.setattr(rng, "_COMPILED_MIN", minimum)
+        stream = rng.CaffeRNG(12345)
+        results.append([getattr(stream, kind)(n, a, b) for kind, n, a, b in draws]
+                       + [stream.words(5)])
+    for compiled, numpy_path in zip(*results):
+        assert bits_equal(compiled, numpy_path)
+
+
+def test_draws_into_a_given_array(monkeypatch):
+    _needs_compiled()
+    for minimum in (0, 1 << 62):
+        monkeypatch.setattr(rng, "_COMPILED_MIN", minimum)
+        out = numpy.full((4, 5), 7, f32)
+        assert rng.CaffeRNG(8).gaussian(20, 0, 1, out=out) is out
+        assert bits_equal(out.reshape(-1), rng.CaffeRNG(8).gaussian(20, 0, 1))
+        assert rng.CaffeRNG(8).uniform(20, -1, 1, out=out) is out
+        assert bits_equal(out.reshape(-1), rng.CaffeRNG(8).uniform(20, -1, 1))
+    with pytest.raises(ValueError):
+        rng.CaffeRNG(8).gaussian(20, 0, 1, out=numpy.zeros(20, numpy.float64))
+
+
+@pytest.mark.parametrize("filler", ['type: "gaussian" std: 0.01', 'type: "xavier"',
+                                    'type: "msra"', 'type: "uniform" min: -2 max: 3',
+                                    'type: "gaussian" std: 0.5 sparse: 3'])
+def test_fill_draws_into_the_blob_as_a_separate_draw_would(monkeypatch, filler):
+    """fillers.fill writes a NumPy blob in place (the same array, no copy), with the values and
+    the stream position of drawing into a new array and copying (the compiled and the NumPy
+    draws alike)."""
+    from google.protobuf import text_format
+    from caffe_engine import fillers
+    from caffe_engine.blob import Blob
+    param = text_format.Parse(filler, caffe_pb2.FillerParameter())
+    shape = (300, 20, 3, 3)
+    for minimum in (0, 1 << 62):
+        monkeypatch.setattr(rng, "_COMPILED_MIN", minimum)
+        blob = Blob(shape)
+        array = blob.data
+        stream = rng.CaffeRNG(31)
+        fillers.fill(blob, param, stream)
+        assert blob.data is array
+        expected_stream = rng.CaffeRNG(31)
+        expected = fillers.FILLERS[param.type](param, shape, expected_stream)
+        assert bits_equal(blob.data, expected)
+        assert stream.word() == expected_stream.word()
+
+
+BOOST_DUMP = r"""
+#include <boost/math/special_functions/next.hpp>
+#include <boost/random.hpp>
+#include <cstdio>
+#include <limits>
+#include <vector>
+int main() {   // caffe_rng_gaussian then caffe_rng_uniform (math_functions.cpp), seed 1701
+  boost::mt19937 rng(1701);
+  std::vector<float> a(1500000), b(700000);
+  boost::normal_distribution<float> nd(0.5f, 0.01f);
+  boost::variate_generator<boost::mt19937*, boost::normal_distribution<float> > g(&rng, nd);
+  for (auto& x : a) x = g();
+  boost::uniform_real<float> ud(-0.1f, boost::math::nextafter<float>(
+      0.1f, std::numeric_limits<float>::max()));
+  boost::variate_generator<boost::mt19937*, boost::uniform_real<float> > u(&rng, ud);
+  for (auto& x : b) x = u();
+  unsigned next = rng();
+  fwrite(a.data(), 4, a.size(), stdout); fwrite(b.data(), 4, b.size(), stdout);
+  fwrite(&next, 4, 1, stdout);
+}
+"""
+
+
+def test_compiled_draws_match_real_boost(tmp_path):
+    """Boost.Random itself (when g++ and Boost's headers are there), as Caffe calls it: the
+    compiled gaussian and uniform give its floats bit for bit, and the stream goes on from the
+    same word."""
+    import subprocess
+    _needs_compiled()
+    if shutil.which("g++") is None or not Path("/usr/include/boost/random.hpp").exists():
+        pytest.skip("needs g++ and Boost's headers")
+    (tmp_path / "dump.cpp").write_text(BOOST_DUMP)
+    subprocess.run(["g++", "-O2", "-o", str(tmp_path / "dump"), str(tmp_path / "dump.cpp")],
+                   check=True, timeout=300)
+    ref = numpy.frombuffer(subprocess.run([str(tmp_path / "dump")], check=True,
+                                          capture_output=True, timeout=300).stdout, numpy.uint32)
+    stream = rng.CaffeRNG(1701)
+    got = numpy.concatenate([stream.gaussian(1_500_000, 0.5, 0.01).view(numpy.uint32),
+                             stream.uniform(700_000, -0.1, 0.1).view(numpy.uint32)])
+    assert numpy.array_equal(got, ref[:-1])
+    assert stream.word() == int(ref[-1])
+
+
+# ------------------------------------------------------------------------------------------------
 # uniform and bernoulli
 # ------------------------------------------------------------------------------------------------
 def test_uniform_matches_boost_uniform_real():
