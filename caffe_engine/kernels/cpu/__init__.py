@@ -13,11 +13,15 @@ in parts by a :class:`.team.Team` of threads.
 """
 import numpy
 
+from .. import import_numba
 from ..reference import ReferenceKernels
-from . import channelwise, conv_plan, depthwise, gemm, lrn, neuron, pooling, simd, solver, transform
-from .team import Team
-from .tuning import CpuTuning
-from .workspace import Workspace
+
+import_numba()      # before the kernels' modules import Numba: see import_numba
+from . import (channelwise, conv_plan, depthwise, gemm, lrn, neuron, pooling,  # noqa: E402
+               simd, solver, transform)
+from .team import Team  # noqa: E402
+from .tuning import CpuTuning  # noqa: E402
+from .workspace import Workspace  # noqa: E402
 
 
 def _quiet_blas():
