@@ -275,29 +275,13 @@ def worker_torch(info, storage, batches, k):
 
 
 def resnet_param(info):
-    """ResNet-50's TRAIN NetParameter: the deploy file with a Data layer on the LMDB in place of
-    its input, BatchNorm on batch statistics, MSRA weight fillers (the deploy file has none)
-    and SoftmaxWithLoss on the last InnerProduct in place of its Softmax."""
+    """ResNet-50's TRAIN NetParameter: the deploy file made a TRAIN net by bench_train's
+    ``deploy_to_train`` (BatchNorm on batch statistics, MSRA fillers, SoftmaxWithLoss), with this
+    benchmark's Data layer on the LMDB."""
+    from bench_train import deploy_to_train
     from caffe_engine.io import prototxt as pio
-    from caffe_engine.proto import caffe_pb2
-    deploy = pio.read_net_param(RESNET50)
-    param = caffe_pb2.NetParameter(name=deploy.name)
-    param.layer.add().CopyFrom(data_layer(info, "lmdb", RESNET_BATCH))
-    for source in deploy.layer:
-        if source.type in ("Input", "Softmax"):     # the deploy's input (upgraded) and output
-            continue
-        layer = param.layer.add()
-        layer.CopyFrom(source)
-        if layer.type == "BatchNorm":
-            layer.batch_norm_param.use_global_stats = False
-        elif layer.type in ("Convolution", "InnerProduct"):
-            weights = (layer.convolution_param if layer.type == "Convolution"
-                       else layer.inner_product_param)
-            if not weights.HasField("weight_filler"):
-                weights.weight_filler.type = "msra"
-            if layer.type == "InnerProduct":
-                logits = layer.top[0]
-    param.layer.add(name="loss", type="SoftmaxWithLoss", bottom=[logits, "label"], top=["loss"])
+    param = deploy_to_train(pio.read_net_param(RESNET50), info["lmdb"], RESNET_BATCH, CLASSES)
+    param.layer[0].CopyFrom(data_layer(info, "lmdb", RESNET_BATCH))
     return param
 
 
