@@ -93,6 +93,7 @@ def test_convolution_matches_reference(seed):
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: f"{t.threads}t-{t.block_columns}c")
 @pytest.mark.parametrize("shape", [(100, 32, 16, 32, 5, 1, 2), (3, 3, 32, 8, 5, 1, 2),
                                    (2, 6, 9, 4, 3, 2, 1), (4, 8, 7, 12, 1, 1, 0),
+                                   (3, 16, 20, 64, 1, 1, 0), (2, 24, 9, 8, 1, 1, 0),
                                    (1, 3, 23, 5, 7, 2, 3)])
 def test_convolution_layer_shapes(tuning, shape):
     n, c, h, m, k, s, p = shape

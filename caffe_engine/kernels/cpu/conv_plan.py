@@ -4,7 +4,7 @@ See :mod:`.conv` for the kernels and the layout they share.
 """
 import numpy
 
-from . import conv
+from . import conv, gemm
 from .conv import MR, MR_NARROW, NR, round_up
 
 
@@ -58,6 +58,11 @@ class Conv2dPlan:
         # (the packed layout is NCHW itself), when the array has slack past its end.
         self.pointwise = (g.kernel == (1, 1) and g.stride == (1, 1) and g.pad == (0, 0)
                           and g.dilation == (1, 1))
+        # A pointwise convolution that widens (M >= C) takes its weight gradient as a plain
+        # product per image: ResNet-50's 64 -> 256, 128 -> 512, 256 -> 1024 and 512 -> 2048
+        # layers at batch 32 ran 2-3x faster so (86 -> 196 GFLOP/s at 56x56); narrowing ones
+        # (C > M) were as fast or faster through the blocked kernel (2048 -> 512: 5x).
+        self.gemm_weight_grad = self.pointwise and self.G == 1 and self.M >= self.C
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
                                     columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
@@ -161,6 +166,14 @@ class Conv2dPlan:
 
     def weight_grad(self, x, dy, dw):
         """``dw +=`` the gradient with respect to the weights."""
+        if self.gemm_weight_grad:
+            # dW (M x C) += dY[n] (M x P) X[n]^T, image by image (Caffe's order of images)
+            P = self.OH * self.OW
+            for n in range(self.N):
+                gemm.product(dy[n].reshape(self.M, P), x[n].reshape(self.C, P),
+                             dw.reshape(self.M, self.C), True, self.tuning, self.workspace,
+                             self.team, trans_b=True)
+            return
         xt = self._input(x)
         ws, stride = self._scratch(conv.weight_grad_scratch(self.C, self.M, self.G, self.kh,
                                                             self.kw, self.blocks[2]))
