@@ -127,16 +127,22 @@ def _pool(name, bottom):
 """
 
 
-def alexnet_prototxt(source, mean_file, batch):
+def data_layers(source, mean_file, batch, crop):
+    """The TRAIN (mirrored) and TEST Data layers of the LMDB ``source``, ``crop`` crops."""
     data = ""
     for phase, mirror in (("TRAIN", "true"), ("TEST", "false")):
         data += f"""layer {{
   name: "data" type: "Data" top: "data" top: "label"
   include {{ phase: {phase} }}
-  transform_param {{ mirror: {mirror} crop_size: 227 mean_file: "{mean_file}" }}
+  transform_param {{ mirror: {mirror} crop_size: {crop} mean_file: "{mean_file}" }}
   data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }}
 }}
 """
+    return data
+
+
+def alexnet_prototxt(source, mean_file, batch):
+    data = data_layers(source, mean_file, batch, 227)
     return ('name: "AlexNet"\n' + data
             + _conv("conv1", "data", 96, 11, stride=4) + _lrn("norm1", "conv1")
             + _pool("pool1", "norm1")
@@ -156,25 +162,9 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc8" bottom: "label" top: 
 
 def write_alexnet(folder, records=64, shape=(3, 256, 256), classes=1000,
                   prototxt=alexnet_prototxt):
-    sys.path.insert(0, ROOT)
-    import numpy
-    from caffe_engine.io.lmdb_source import write_lmdb
-    from caffe_engine.proto import caffe_pb2
-    rng = numpy.random.RandomState(0)
-    items = []
-    for i in range(records):
-        pixels = rng.randint(0, 256, shape).astype(numpy.uint8)
-        datum = caffe_pb2.Datum(channels=shape[0], height=shape[1], width=shape[2],
-                                data=pixels.tobytes(), label=int(rng.randint(classes)))
-        items.append((b"%08d" % i, datum.SerializeToString()))
-    source = os.path.join(folder, "train_lmdb")
-    write_lmdb(source, items)
-    mean = caffe_pb2.BlobProto()
-    mean.shape.dim.extend((1,) + tuple(shape))
-    mean.data.extend([127.5] * int(numpy.prod(shape)))
-    mean_file = os.path.join(folder, "mean.binaryproto")
-    with open(mean_file, "wb") as out:
-        out.write(mean.SerializeToString())
+    sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
+    from bench_train import make_data       # the random LMDB and its mean file
+    source, mean_file = make_data(folder, shape, records, classes)
     net = os.path.join(folder, "train_val.prototxt")
     with open(net, "w") as out:
         out.write(prototxt(source, mean_file, 32))
@@ -193,15 +183,7 @@ def write_lenet(folder):
 
 def vgg16_prototxt(source, mean_file, batch):
     """VGG-16 (13 convolutions, xavier; 3 InnerProducts, gaussian 0.005; 138M weights)."""
-    data = ""
-    for phase, mirror in (("TRAIN", "true"), ("TEST", "false")):
-        data += f"""layer {{
-  name: "data" type: "Data" top: "data" top: "label"
-  include {{ phase: {phase} }}
-  transform_param {{ mirror: {mirror} crop_size: 224 mean_file: "{mean_file}" }}
-  data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }}
-}}
-"""
+    data = data_layers(source, mean_file, batch, 224)
     body, bottom = "", "data"
     for block, (convs, width) in enumerate(((2, 64), (2, 128), (3, 256), (3, 512), (3, 512))):
         for k in range(convs):
