@@ -288,6 +288,7 @@ class ScaleLayer(Layer):
         scale = bottom[1] if len(bottom) > 1 else self.blobs[0]
         self.view = _broadcast_view(self, bottom[0], scale, p.axis, "scale")
         xp = get_array_module(bottom[0].data)
+        self.kernels = kernels.for_array(bottom[0].data)
         if top[0] is bottom[0]:
             if self.input_source is None:
                 self.temp = _buffer(self.temp, bottom[0].shape, xp)
@@ -314,7 +315,6 @@ class ScaleLayer(Layer):
         scale_param = len(bottom) == 1
         scale = self.blobs[0] if scale_param else bottom[1]
         outer, dim, inner = self.view
-        ks = kernels.for_array(top[0].diff)
         dy = top[0].diff.reshape(self.view)
         dx = bottom[0].diff.reshape(self.view) if propagate_down[0] else None
         fused = False
@@ -333,8 +333,8 @@ class ScaleLayer(Layer):
             # One pass for the product and the bottom diff, unless they are the same memory;
             # each element of dy is read before the bottom diff (dy itself in place) is written.
             fused = dx is not None and product is not bottom[0].diff
-            ks.scale_grad(dy, x.reshape(self.view), scale.data, product.reshape(self.view),
-                          dx if fused else None)
+            self.kernels.scale_grad(dy, x.reshape(self.view), scale.data,
+                                    product.reshape(self.view), dx if fused else None)
             sums = product.reshape(self.view).sum(axis=2).sum(axis=0)
             # Caffe accumulates a learned scale's gradient except in two layouts, where its
             # BLAS call writes the scale diff directly (eltwise: the product itself; outer 1 with
@@ -347,4 +347,4 @@ class ScaleLayer(Layer):
             else:
                 scale.diff[...] = sums.reshape(scale.shape)
         if dx is not None and not fused:
-            ks.scale_grad(dy, None, scale.data, None, dx)
+            self.kernels.scale_grad(dy, None, scale.data, None, dx)

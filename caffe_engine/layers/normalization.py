@@ -162,6 +162,7 @@ class BatchNormLayer(Layer):
         num = shape[0]
         self.view = (num, self.channels, bottom[0].count // max(num * self.channels, 1))
         xp = get_array_module(bottom[0].data)
+        self.kernels = kernels.for_array(bottom[0].data)
         _buffer(self, "x_norm", xp, self.view)
         _buffer(self, "std", xp, (1, self.channels, 1))
 
@@ -175,7 +176,6 @@ class BatchNormLayer(Layer):
 
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
-        ks = kernels.for_array(bottom[0].data)
         num, channels, spatial = self.view
         x = bottom[0].data.reshape(self.view)
         y = top[0].data.reshape(self.view)
@@ -184,12 +184,12 @@ class BatchNormLayer(Layer):
             factor = xp.where(stored == 0, f32(0), f32(1) / xp.where(stored == 0, f32(1), stored))
             mean = factor * self.blobs[0].data
             var = factor * self.blobs[1].data
-            ks.center(x, mean, y)
+            self.kernels.center(x, mean, y)
         else:
             inv = f32(1.0 / (num * spatial))
             mean = self._channel_sum(xp, x, inv)
             work = scratch.get(xp, self.view)
-            ks.center(x, mean, y, work)
+            self.kernels.center(x, mean, y, work)
             var = self._channel_sum(xp, work, inv)
             maf = self.moving_average_fraction
             s = self.blobs[2].data
@@ -204,7 +204,7 @@ class BatchNormLayer(Layer):
         std = self.std
         std[...] = (var + self.eps).reshape(1, channels, 1)
         xp.sqrt(std, out=std)
-        ks.normalize(y, std, self.x_norm)
+        self.kernels.normalize(y, std, self.x_norm)
 
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -222,8 +222,8 @@ class BatchNormLayer(Layer):
         dot = self._channel_sum(xp, work)
         total = self._channel_sum(xp, dy)
         # dx = ((y dot + total) (-1 / m) + dy) / std, dy read before dx overwrites it in place
-        kernels.for_array(dy).batch_norm_grad(y, dy, dot, total, f32(-1.0 / (num * spatial)),
-                                              self.std, dx)
+        self.kernels.batch_norm_grad(y, dy, dot, total, f32(-1.0 / (num * spatial)), self.std,
+                                     dx)
 
 
 @register("MVN")
