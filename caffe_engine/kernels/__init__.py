@@ -11,6 +11,9 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 * ``lrn(LRNGeometry)`` -> a plan with ``forward(x, y)`` and ``backward(x, y, dy, dx)``;
 * ``matmul(a, b, c, accumulate, trans_a, trans_b)`` (InnerProduct's products);
 * ``relu_forward(x, y, slope)`` / ``relu_backward(x, dy, dx, slope)``;
+* ``channel_sum(a, alpha)``, ``batch_norm_stats(x, inv)``, ``batch_norm_forward(...)`` and
+  ``batch_norm_backward(...)`` (BatchNorm, with an in-place Scale and ReLU after it taken into
+  the same passes), ``scale_shift`` / ``scale_grad`` (Scale), see :mod:`.reference.channelwise`;
 * ``im2col(...)`` / ``col2im(...)`` (the Im2col layer's);
 * ``update(rule)`` -> the fused solver step of one learnable param for one of Caffe's six
   update rules (normalise, regularise, the rule, ``data -= diff``);

@@ -9,10 +9,11 @@ the mean/variance reductions of BatchNorm and MVN as a sum over the spatial posi
 (n, c) followed by a sum over n. The reductions that
 Caffe hands to BLAS may still differ from it by a few float32 ulps of the summed magnitudes.
 
-BatchNorm's work array (Caffe's per-layer ``temp_``) is shared by every layer of the thread
-(:mod:`.scratch`): it lives within one call. Its elementwise passes are the kernel sets'
-(``center``, ``normalize``, ``batch_norm_grad``: one fused pass each on the cpu set, the same
-bits as the reference's array code), so a gradient in place needs no copy of the top diff.
+BatchNorm keeps no work array (Caffe's per-layer ``temp_``): its passes are the kernel sets'
+(``batch_norm_stats``, ``batch_norm_forward``, ``batch_norm_backward``: on the cpu set two reads
+for the statistics and one pass for the output, one pass for the gradient's sums and one for
+the gradient, with the reference's bits), and they take an in-place Scale and ReLU after the
+layer into the same passes when the net runs them together (:mod:`.batch_norm_chain`).
 """
 import numpy
 
@@ -21,7 +22,6 @@ from ..backend import get_array_module
 from ..blob import Blob
 from ..kernels.geometry import LRNGeometry
 from ..proto import caffe_pb2
-from . import scratch
 from .base import Layer, register
 
 f32 = numpy.float32
@@ -166,15 +166,13 @@ class BatchNormLayer(Layer):
         _buffer(self, "x_norm", xp, self.view)
         _buffer(self, "std", xp, (1, self.channels, 1))
 
-    def _channel_sum(self, xp, a, alpha=None):
-        """Sum over spatial positions per (n, c) (times ``alpha``), then over n, as Caffe's two
-        gemv calls do."""
-        per_item = a.sum(axis=2, dtype=f32)
-        if alpha is not None:
-            per_item *= alpha
-        return per_item.sum(axis=0, dtype=f32)
-
     def forward(self, bottom, top):
+        self.forward_fused(bottom, top)
+
+    def forward_fused(self, bottom, top, scale=None, bias=None, slope=None):
+        """Forward; with ``scale`` (and ``bias``) and ``slope`` also the forward of the in-place
+        Scale and ReLU layers after this one, in the same pass (the net's
+        :mod:`.batch_norm_chain`). ``scale``/``bias`` are (C,) arrays, ``slope`` a float32."""
         xp = get_array_module(bottom[0].data)
         num, channels, spatial = self.view
         x = bottom[0].data.reshape(self.view)
@@ -184,13 +182,8 @@ class BatchNormLayer(Layer):
             factor = xp.where(stored == 0, f32(0), f32(1) / xp.where(stored == 0, f32(1), stored))
             mean = factor * self.blobs[0].data
             var = factor * self.blobs[1].data
-            self.kernels.center(x, mean, y)
         else:
-            inv = f32(1.0 / (num * spatial))
-            mean = self._channel_sum(xp, x, inv)
-            work = scratch.get(xp, self.view)
-            self.kernels.center(x, mean, y, work)
-            var = self._channel_sum(xp, work, inv)
+            mean, var = self.kernels.batch_norm_stats(x, f32(1.0 / (num * spatial)))
             maf = self.moving_average_fraction
             s = self.blobs[2].data
             s *= maf
@@ -204,26 +197,25 @@ class BatchNormLayer(Layer):
         std = self.std
         std[...] = (var + self.eps).reshape(1, channels, 1)
         xp.sqrt(std, out=std)
-        self.kernels.normalize(y, std, self.x_norm)
+        self.kernels.batch_norm_forward(x, mean, std.reshape(-1), self.x_norm, y, scale, bias,
+                                        slope)
 
     def backward(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        xp = get_array_module(top[0].diff)
+        if propagate_down[0]:
+            self.backward_fused(top, bottom)
+
+    def backward_fused(self, top, bottom, scale=None, relu_top=None, slope=None):
+        """The bottom's gradient; with ``scale`` and ``slope`` the gradient through the in-place
+        ReLU (at ``relu_top``, its top data) and Scale after this layer as well, in the same
+        passes. Returns the Scale's ``(bias_sum, scale_sum)`` (see
+        :meth:`caffe_engine.kernels.reference.ReferenceKernels.batch_norm_backward`)."""
         num, channels, spatial = self.view
         dy = top[0].diff.reshape(self.view)
         dx = bottom[0].diff.reshape(self.view)
-        if self.use_global_stats:
-            xp.divide(dy, self.std, out=dx)
-            return
-        y = self.x_norm
-        work = scratch.get(xp, self.view)
-        xp.multiply(y, dy, out=work)
-        dot = self._channel_sum(xp, work)
-        total = self._channel_sum(xp, dy)
-        # dx = ((y dot + total) (-1 / m) + dy) / std, dy read before dx overwrites it in place
-        self.kernels.batch_norm_grad(y, dy, dot, total, f32(-1.0 / (num * spatial)), self.std,
-                                     dx)
+        factor = None if self.use_global_stats else f32(-1.0 / (num * spatial))
+        y = relu_top.reshape(self.view) if relu_top is not None else None
+        return self.kernels.batch_norm_backward(dy, self.x_norm, self.std.reshape(-1), dx,
+                                                factor, scale, y, slope)
 
 
 @register("MVN")

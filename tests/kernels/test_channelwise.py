@@ -26,24 +26,58 @@ def same(a, b):
     assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("in_place", [False, True])
-def test_batch_norm_passes_equal_the_reference(shape, in_place, threads):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_channel_sums_have_numpys_bits(threads):
+    """The cpu set sums each plane in NumPy's pairwise order: every plane length up to 300 and
+    some long ones, of large and tiny magnitudes, zeros and negative zeros."""
     cpu = CpuKernels(CpuTuning(threads=threads))
-    x, dy, mean, std, dot, total = arrays(shape, sum(shape))
+    r = numpy.random.default_rng(3)
+    for inner in list(range(0, 301)) + [1000, 3136, 4097, 12544]:
+        for magnitude in (1.0, 1e4):
+            a = (r.standard_normal((3, 2, inner)) * magnitude).astype(f32)
+            a[0, 0] = -0.0
+            a[1, 1, ::2] = 0.0
+            for alpha in (None, f32(1 / 7)):
+                same(cpu.channel_sum(a, alpha), REF.channel_sum(a, alpha))
+    big = (r.standard_normal((4, 64, 3136)) + 5).astype(f32)
+    same(cpu.channel_sum(big, f32(1 / 12544)), REF.channel_sum(big, f32(1 / 12544)))
+
+
+EPILOGUES = [(False, False, None), (True, False, None), (True, True, None), (True, True, 0.0),
+             (False, False, 0.0), (True, True, 0.25)]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("shape", SHAPES + [(3, 5, 129), (2, 4, 8)])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_batch_norm_passes_equal_the_reference(shape, in_place, threads, epilogue):
+    """Statistics, the forward with an optional Scale (with or without bias) and ReLU (slope 0
+    or leaky), the backward with batch and with global statistics: the same bits."""
+    has_scale, has_bias, slope = epilogue
+    slope = None if slope is None else f32(slope)
+    cpu = CpuKernels(CpuTuning(threads=threads))
+    x, dy, scale, std, bias, _ = arrays(shape, sum(shape))
+    x[..., ::3] = 0.0          # ties at the ReLU
+    scale = scale if has_scale else None
+    bias = bias if has_bias else None
+    inv = f32(1.0 / (shape[0] * shape[2]))
     results = []
     for ks in (REF, cpu):
-        xx, gg = x.copy(), dy.copy()
+        mean, var = ks.batch_norm_stats(x, inv)
+        xx = x.copy()
         y = xx if in_place else numpy.full(shape, numpy.nan, f32)
-        square, copy = numpy.empty(shape, f32), numpy.empty(shape, f32)
-        ks.center(xx, mean, y, square)
-        ks.normalize(y, std.reshape(1, -1, 1), copy)
-        dx = gg.reshape(shape) if in_place else numpy.full(shape, numpy.nan, f32)  # a new view
-        ks.batch_norm_grad(y, gg, dot.reshape(1, -1, 1), total, f32(-1 / 7), std, dx)
-        plain = numpy.empty(shape, f32)
-        ks.center(x, mean, plain)
-        results.append((y, square, copy, dx, plain))
+        x_norm = numpy.full(shape, numpy.nan, f32)
+        ks.batch_norm_forward(xx, mean, std, x_norm, y, scale, bias, slope)
+        out = [mean, var, y, x_norm]
+        for factor in (f32(-1 / 7), None):
+            gg = dy.copy()
+            dx = gg.reshape(shape) if in_place else numpy.full(shape, numpy.nan, f32)
+            sums = ks.batch_norm_backward(gg, x_norm, std, dx, factor, scale,
+                                          y if slope is not None else None, slope)
+            out += [dx, sums[0]] + ([sums[1]] if has_scale else [])
+            assert (sums[1] is None) == (not has_scale)
+        results.append(out)
     for a, b in zip(*results):
         same(a, b)
 

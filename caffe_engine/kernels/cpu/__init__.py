@@ -49,6 +49,12 @@ def _contiguous(*arrays):
     return all(a is None or (a.flags.c_contiguous and a.dtype == numpy.float32) for a in arrays)
 
 
+def _vectors(*vectors):
+    """Per-channel operands as flat contiguous float32 vectors (None stays None)."""
+    return [None if v is None else numpy.ascontiguousarray(v, numpy.float32).reshape(-1)
+            for v in vectors]
+
+
 class CpuKernels(ReferenceKernels):
     """The kernel interface in Numba, for NumPy arrays.
 
@@ -92,21 +98,29 @@ class CpuKernels(ReferenceKernels):
             return super().relu_backward(x, dy, dx, negative_slope)
         neuron.relu_backward(x, dy, dx, negative_slope, self.team)
 
-    def center(self, x, mean, y, square=None):
-        if not _contiguous(x, y, square):
-            return super().center(x, mean, y, square)
-        channelwise.center(x, mean.reshape(-1), y, square, self.team)
+    def channel_sum(self, a, alpha=None):
+        if not _contiguous(a):
+            return super().channel_sum(a, alpha)
+        return channelwise.channel_sum(a, alpha, self.team)
 
-    def normalize(self, y, std, copy=None):
-        if not _contiguous(y, copy):
-            return super().normalize(y, std, copy)
-        channelwise.normalize(y, std.reshape(-1), copy, self.team)
+    def batch_norm_stats(self, x, inv):
+        if not _contiguous(x):
+            return super().batch_norm_stats(x, inv)
+        return channelwise.batch_norm_stats(x, inv, self.team)
 
-    def batch_norm_grad(self, y, dy, dot, total, factor, std, dx):
-        if not _contiguous(y, dy, dx):
-            return super().batch_norm_grad(y, dy, dot, total, factor, std, dx)
-        channelwise.batch_norm_grad(y, dy, dot.reshape(-1), total.reshape(-1), factor,
-                                    std.reshape(-1), dx, self.team)
+    def batch_norm_forward(self, x, mean, std, x_norm, y, scale=None, bias=None, slope=None):
+        if not _contiguous(x, x_norm, y):
+            return super().batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope)
+        mean, std, scale, bias = _vectors(mean, std, scale, bias)
+        channelwise.batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope, self.team)
+
+    def batch_norm_backward(self, dy, x_norm, std, dx, factor=None, scale=None, y=None,
+                            slope=None):
+        if not _contiguous(dy, x_norm, dx, y):
+            return super().batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope)
+        std, scale = _vectors(std, scale)
+        return channelwise.batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope,
+                                               self.team)
 
     def scale_shift(self, x, scale, bias, y):
         if not _contiguous(x, y):

@@ -12,50 +12,198 @@ import numba
 import numpy
 from numba import njit
 
+from . import simd
+
 f32 = numpy.float32
 #: Arrays of at least this many floats are split between threads.
 PARALLEL_MIN = 1 << 15
 
 
+#: Levels of :func:`_pairwise`'s tree it has room for (plenty: a level halves the run).
+PAIRWISE_DEPTH = 64
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _center(x, mean, y, square, has_square, C, inner, t, parts):
-    planes = x.shape[0] // inner
+def _leaf(src, s0, stride, n, k, out, o0):
+    # NumPy's pairwise_sum for n <= 128: below 8 floats in turn; else eight running sums over
+    # blocks of 8, combined in pairs, then the rest in turn.
+    if n < 8:
+        for j in range(k):
+            res = f32(-0.0)
+            b = s0 + j * stride
+            for i in range(b, b + n):
+                res += src[i]
+            out[o0 + j] = res
+        return
+    if k == 4:
+        simd.leaf8x4(src, s0, stride, n, out, o0)
+    else:
+        simd.leaf8(src, s0, stride, n, out, o0)
+    whole = n - n % 8
+    for j in range(k):
+        res = out[o0 + j]
+        b = s0 + j * stride
+        for i in range(b + whole, b + n):
+            res += src[i]
+        out[o0 + j] = res
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pairwise(src, s0, stride, n, k, out, o0, values, frames):
+    """``out[o0 + j]`` = the float32 sum of ``src[s0 + j stride:][:n]`` for ``j < k`` (k = 1 or
+    4), as NumPy's ``add.reduce`` sums a contiguous axis (its ``pairwise_sum``: runs of up to
+    128 floats as :func:`_leaf`; longer ones as the sum of their two halves, split at a multiple
+    of 8), so that the results have NumPy's bits. The k runs go side by side (independent
+    chains of vector adds). The recursion is walked with explicit stacks (Numba's cache cannot
+    reload a recursive function): ``values`` 4 * :data:`PAIRWISE_DEPTH` floats, ``frames``
+    (:data:`PAIRWISE_DEPTH`, 3) int64."""
+    sp = 0
+    frames[0, 0], frames[0, 1], frames[0, 2] = s0, n, 0
+    vp = 0
+    while sp >= 0:
+        start, m, stage = frames[sp, 0], frames[sp, 1], frames[sp, 2]
+        if m <= 128:
+            _leaf(src, start, stride, m, k, values, vp * 4)
+            vp += 1
+            sp -= 1
+            continue
+        half = m // 2
+        half -= half % 8
+        if stage == 0:
+            frames[sp, 2] = 1
+            sp += 1
+            frames[sp, 0], frames[sp, 1], frames[sp, 2] = start, half, 0
+        elif stage == 1:
+            frames[sp, 2] = 2
+            sp += 1
+            frames[sp, 0], frames[sp, 1], frames[sp, 2] = start + half, m - half, 0
+        else:
+            vp -= 1
+            for j in range(k):
+                values[(vp - 1) * 4 + j] = values[(vp - 1) * 4 + j] + values[vp * 4 + j]
+            sp -= 1
+    for j in range(k):
+        out[o0 + j] = values[j]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _plane_sums(x, out, inner, t, parts):
+    planes = out.shape[0]
+    values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
+    frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
+    for p in range(planes * t // parts, planes * (t + 1) // parts):
+        _pairwise(x, p * inner, 0, inner, 1, out, p, values, frames)
+        out[p] = f32(0) + out[p]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _centered_square_sums(x, mean, out, work, C, inner, t, parts):
+    planes = out.shape[0]
+    values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
+    frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
+    w0 = numba.uint64(t * inner)
+    n = numba.uint64(inner)
     for p in range(planes * t // parts, planes * (t + 1) // parts):
         m = mean[p % C]
         base = numba.uint64(p * inner)
-        for i in range(base, base + numba.uint64(inner)):
-            v = x[i] - m
-            y[i] = v
-            if has_square:
-                square[i] = v * v
+        for i in range(n):
+            v = x[base + i] - m
+            work[w0 + i] = v * v
+        _pairwise(work, t * inner, 0, inner, 1, out, p, values, frames)
+        out[p] = f32(0) + out[p]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _normalize(y, std, copy, has_copy, C, inner, t, parts):
-    planes = y.shape[0] // inner
-    for p in range(planes * t // parts, planes * (t + 1) // parts):
-        s = std[p % C]
-        base = numba.uint64(p * inner)
-        for i in range(base, base + numba.uint64(inner)):
-            v = y[i] / s
-            y[i] = v
-            if has_copy:
-                copy[i] = v
+def _relu(v, slope):
+    # as neuron._relu_forward
+    if slope == f32(0):
+        return v if (v > f32(0) or v != v) else f32(0)
+    return v if v > f32(0) else v * slope
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _batch_norm_grad(y, dy, dot, total, factor, std, dx, C, inner, t, parts):
-    planes = y.shape[0] // inner
+def _relu_grad(g, y, slope):
+    # as neuron._relu_backward, at the ReLU's top (in place: its bottom)
+    if slope == f32(0):
+        return g * (f32(1) if y > f32(0) else f32(0))
+    return g if y > f32(0) else g * slope
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _normalize_affine(x, mean, std, scale, has_scale, bias, has_bias, slope, has_relu, x_norm,
+                      y, C, inner, t, parts):
+    planes = x.shape[0] // inner
     for p in range(planes * t // parts, planes * (t + 1) // parts):
         c = p % C
-        d, tot, s = dot[c], total[c], std[c]
+        m, s = mean[c], std[c]
+        a = scale[c] if has_scale else f32(1)
+        b = bias[c] if has_bias else f32(0)
         base = numba.uint64(p * inner)
         for i in range(base, base + numba.uint64(inner)):
-            v = y[i] * d
-            v = tot + v
-            v = v * factor
-            v = v + dy[i]
-            dx[i] = v / s
+            v = x[i] - m
+            v = v / s
+            x_norm[i] = v
+            if has_scale:
+                v = v * a
+                if has_bias:
+                    v = v + b
+            if has_relu:
+                v = _relu(v, slope)
+            y[i] = v
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _backward_sums(dy, y, x_norm, scale, has_scale, slope, has_relu, sums, work, flat_work, C,
+                   inner, t, parts):
+    # Per plane: sums[p, 0] of g (the bias's gradient), sums[p, 1] of g * x_norm (the
+    # scale's), sums[p, 2] of x_norm * dxn and sums[p, 3] of dxn (BatchNorm's), g the ReLU's
+    # gradient and dxn = g * scale the BatchNorm top's. The four products of a plane go to this
+    # thread's rows of ``work`` (threads, 4, inner) -- one loop each, so that each vectorises --
+    # then are summed side by side from cache (``flat_work``: the same memory, flat).
+    planes = sums.shape[0]
+    values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
+    frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
+    n = numba.uint64(inner)
+    g0, g1, g2, g3 = work[t, 0], work[t, 1], work[t, 2], work[t, 3]
+    for p in range(planes * t // parts, planes * (t + 1) // parts):
+        a = scale[p % C] if has_scale else f32(1)
+        base = numba.uint64(p * inner)
+        for k in range(n):
+            g = dy[base + k]
+            g0[k] = _relu_grad(g, y[base + k], slope) if has_relu else g
+        for k in range(n):
+            g1[k] = g0[k] * x_norm[base + k]
+        for k in range(n):
+            g3[k] = g0[k] * a if has_scale else g0[k]
+        for k in range(n):
+            g2[k] = x_norm[base + k] * g3[k]
+        _pairwise(flat_work, t * 4 * inner, inner, inner, 4, sums[p], 0, values, frames)
+        for j in range(4):
+            sums[p, j] = f32(0) + sums[p, j]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _backward_data(dy, y, x_norm, scale, has_scale, slope, has_relu, dot, total, factor,
+                   batch, std, dx, C, inner, t, parts):
+    planes = dy.shape[0] // inner
+    for p in range(planes * t // parts, planes * (t + 1) // parts):
+        c = p % C
+        a = scale[c] if has_scale else f32(1)
+        dt, tot, s = dot[c], total[c], std[c]
+        base = numba.uint64(p * inner)
+        for i in range(base, base + numba.uint64(inner)):
+            g = dy[i]
+            if has_relu:
+                g = _relu_grad(g, y[i], slope)
+            d = g * a if has_scale else g
+            if batch:
+                v = x_norm[i] * dt
+                v = tot + v
+                v = v * factor
+                v = v + d
+                dx[i] = v / s
+            else:
+                dx[i] = d / s
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -95,25 +243,66 @@ def _parts(a):
     return None if a.size >= PARALLEL_MIN else 1
 
 
-def center(x, mean, y, square, team):
-    """As :func:`..reference.channelwise.center`, in one pass."""
+def _combine(per_plane, outer, C, alpha):
+    """Per-plane sums (outer * C,) to per-channel ones as the reference's ``channel_sum``."""
+    per_item = per_plane.reshape(outer, C)
+    if alpha is not None:
+        per_item *= alpha
+    return per_item.sum(axis=0, dtype=f32)
+
+
+def channel_sum(x, alpha, team):
+    """As :func:`..reference.channelwise.channel_sum`, the same bits."""
+    outer, C, inner = x.shape
+    out = numpy.empty(outer * C, f32)
+    team.run(_plane_sums, _flat(x), out, inner, parts=_parts(x))
+    return _combine(out, outer, C, alpha)
+
+
+def _work(team, floats):
+    return numpy.empty(team.threads * floats, f32)
+
+
+def batch_norm_stats(x, inv, team):
+    """As :func:`..reference.channelwise.batch_norm_stats`, in two reads of ``x``."""
+    outer, C, inner = x.shape
+    mean = channel_sum(x, inv, team)
+    out = numpy.empty(outer * C, f32)
+    team.run(_centered_square_sums, _flat(x), mean, out, _work(team, inner), C, inner,
+             parts=_parts(x))
+    return mean, _combine(out, outer, C, inv)
+
+
+def batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope, team):
+    """As :func:`..reference.channelwise.batch_norm_forward`, in one pass."""
     _, C, inner = x.shape
-    team.run(_center, _flat(x), mean, _flat(y), _flat(square if square is not None else y),
-             square is not None, C, inner, parts=_parts(x))
+    team.run(_normalize_affine, _flat(x), mean, std, scale if scale is not None else mean,
+             scale is not None, bias if bias is not None else mean, bias is not None,
+             f32(slope if slope is not None else 0), slope is not None, _flat(x_norm), _flat(y),
+             C, inner, parts=_parts(x))
 
 
-def normalize(y, std, copy, team):
-    """As :func:`..reference.channelwise.normalize`, in one pass."""
-    _, C, inner = y.shape
-    team.run(_normalize, _flat(y), std, _flat(copy if copy is not None else y),
-             copy is not None, C, inner, parts=_parts(y))
-
-
-def batch_norm_grad(y, dy, dot, total, factor, std, dx, team):
-    """As :func:`..reference.channelwise.batch_norm_grad`, in one pass (no copy of ``dy``)."""
-    _, C, inner = y.shape
-    team.run(_batch_norm_grad, _flat(y), _flat(dy), dot, total, f32(factor), std, _flat(dx), C,
-             inner, parts=_parts(y))
+def batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope, team):
+    """As :func:`..reference.channelwise.batch_norm_backward`: one pass for the sums (each
+    plane's products in a per-thread work area, summed as NumPy would), one for ``dx``."""
+    outer, C, inner = dy.shape
+    has_scale, has_relu = scale is not None, slope is not None
+    scale_ = scale if has_scale else std
+    y_ = _flat(y if has_relu else dy)
+    slope_ = f32(slope if has_relu else 0)
+    sums = numpy.empty((outer * C, 4), f32)
+    work = numpy.empty((team.threads, 4, inner), f32)
+    team.run(_backward_sums, _flat(dy), y_, _flat(x_norm), scale_, has_scale, slope_, has_relu,
+             sums, work, work.reshape(-1), C, inner, parts=_parts(dy))
+    batch = factor is not None
+    bias_sum = _combine(sums[:, 0].copy(), outer, C, None)
+    scale_sum = _combine(sums[:, 1].copy(), outer, C, None) if has_scale else None
+    dot = _combine(sums[:, 2].copy(), outer, C, None) if batch else std
+    total = _combine(sums[:, 3].copy(), outer, C, None) if batch else std
+    team.run(_backward_data, _flat(dy), y_, _flat(x_norm), scale_, has_scale, slope_, has_relu,
+             dot, total, f32(factor if batch else 0), batch, std, _flat(dx), C, inner,
+             parts=_parts(dy))
+    return bias_sum, scale_sum
 
 
 def scale_shift(x, scale, bias, y, team):

@@ -623,3 +623,50 @@ def window_spread(typingctx, dst, d0, n, src, s0, sstep, rows, cols, shift):
         _counted_loop(builder, steps, chunk)
         return context.get_dummy_value()
     return sig, codegen
+
+
+def _leaf8_codegen(k):
+    def codegen(context, builder, signature, args):
+        src, s0, stride, n, out, o0 = args
+        src_p = _data(context, builder, signature.args[0], src)
+        out_p = _data(context, builder, signature.args[4], out)
+        eight = ir.Constant(I64, 8)
+        blocks = builder.sdiv(n, eight)
+        starts = [builder.add(s0, builder.mul(stride, ir.Constant(I64, j))) for j in range(k)]
+        accs = [cgutils.alloca_once_value(
+            builder, builder.load(_vptr(builder, builder.gep(src_p, [s]), ir.Constant(I64, 0), 8),
+                                  align=4)) for s in starts]
+
+        def block(builder, b):
+            at = builder.mul(builder.add(b, ir.Constant(I64, 1)), eight)
+            for s, acc in zip(starts, accs):
+                v = builder.load(_vptr(builder, builder.gep(src_p, [s]), at, 8), align=4)
+                builder.store(builder.fadd(builder.load(acc), v), acc)
+        _counted_loop(builder, builder.sub(blocks, ir.Constant(I64, 1)), block)
+        for j, acc in enumerate(accs):
+            r = builder.load(acc)
+            lane = [builder.extract_element(r, ir.Constant(I32, i)) for i in range(8)]
+            res = builder.fadd(builder.fadd(builder.fadd(lane[0], lane[1]),
+                                            builder.fadd(lane[2], lane[3])),
+                               builder.fadd(builder.fadd(lane[4], lane[5]),
+                                            builder.fadd(lane[6], lane[7])))
+            builder.store(res, builder.gep(out_p, [builder.add(o0, ir.Constant(I64, j))]))
+        return context.get_dummy_value()
+    return codegen
+
+
+def _leaf8_intrinsic(k):
+    @intrinsic
+    def leaf(typingctx, src, s0, stride, n, out, o0):
+        sig = types.void(src, types.int64, types.int64, types.int64, out, types.int64)
+        return sig, _leaf8_codegen(k)
+    return leaf
+
+
+#: ``leaf8(src, s0, stride, n, out, o0)``: NumPy's pairwise-sum leaf (8 running sums over
+#: blocks of 8, then ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``) of
+#: ``src[s0:s0 + n - n % 8]`` into ``out[o0]``, for 8 <= n; ``leaf8x4`` the same for the four
+#: runs at ``s0``, ``s0 + stride``, ``s0 + 2 stride``, ``s0 + 3 stride`` into ``out[o0:o0 + 4]``,
+#: interleaved (four independent chains of vector adds). The caller adds the ``n % 8`` rest.
+leaf8 = _leaf8_intrinsic(1)
+leaf8x4 = _leaf8_intrinsic(4)

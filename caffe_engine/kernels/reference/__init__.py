@@ -16,17 +16,25 @@ class ReferenceKernels:
         """The set in one phrase for the start-up line."""
         return f"{self.name} (array code)"
 
-    def center(self, x, mean, y, square=None):
-        """BatchNorm's ``y = x - mean`` (and ``square = y * y``); see :mod:`.channelwise`."""
-        channelwise.center(x, mean, y, square)
+    def channel_sum(self, a, alpha=None):
+        """Per-channel sums (C,) of an (outer, C, inner) array (times ``alpha``); see
+        :mod:`.channelwise`."""
+        return channelwise.channel_sum(a, alpha)
 
-    def normalize(self, y, std, copy=None):
-        """BatchNorm's ``y /= std`` (and ``copy[...] = y``); see :mod:`.channelwise`."""
-        channelwise.normalize(y, std, copy)
+    def batch_norm_stats(self, x, inv):
+        """BatchNorm's batch ``(mean, var)``; see :mod:`.channelwise`."""
+        return channelwise.batch_norm_stats(x, inv)
 
-    def batch_norm_grad(self, y, dy, dot, total, factor, std, dx):
-        """BatchNorm's gradient with batch statistics; see :mod:`.channelwise`."""
-        channelwise.batch_norm_grad(y, dy, dot, total, factor, std, dx)
+    def batch_norm_forward(self, x, mean, std, x_norm, y, scale=None, bias=None, slope=None):
+        """BatchNorm's normalisation, with an in-place Scale and ReLU after it when given; see
+        :mod:`.channelwise`."""
+        channelwise.batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope)
+
+    def batch_norm_backward(self, dy, x_norm, std, dx, factor=None, scale=None, y=None,
+                            slope=None):
+        """The gradient through (ReLU and Scale, when given, then) BatchNorm; returns the
+        Scale's ``(bias_sum, scale_sum)``; see :mod:`.channelwise`."""
+        return channelwise.batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope)
 
     def scale_shift(self, x, scale, bias, y):
         """Scale's ``y = x * scale (+ bias)``; see :mod:`.channelwise`."""

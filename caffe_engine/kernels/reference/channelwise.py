@@ -7,7 +7,12 @@ in the order written (Caffe: src/caffe/layers/batch_norm_layer.cpp, scale_layer.
 bias_layer.cpp); the cpu set's fused passes (:mod:`..cpu.channelwise`) do the same operations in
 the same order element by element, so both give the same bits.
 """
+import numpy
+
 from ...backend import get_array_module
+from . import neuron
+
+f32 = numpy.float32
 
 
 def _c(v):
@@ -58,3 +63,65 @@ def scale_grad(dy, x, scale, product=None, dx=None):
         xp.multiply(dy, x, out=product)
     if dx is not None:
         xp.multiply(dy, _c(scale), out=dx)
+
+
+def channel_sum(a, alpha=None):
+    """Per-channel sums (C,) float32 of ``a`` over positions, then items: each (item, channel)
+    plane summed (NumPy's pairwise order), times ``alpha`` when given, then added over items in
+    order -- Caffe's two gemv calls (src/caffe/layers/batch_norm_layer.cpp)."""
+    per_item = a.sum(axis=2, dtype=f32)
+    if alpha is not None:
+        per_item *= alpha
+    return per_item.sum(axis=0, dtype=f32)
+
+
+def batch_norm_stats(x, inv):
+    """BatchNorm's batch ``(mean, var)``, (C,) each: ``channel_sum(x, inv)`` and
+    ``channel_sum((x - mean) ** 2, inv)`` (the biased variance; ``inv`` = 1 / (outer * inner))."""
+    xp = get_array_module(x)
+    mean = channel_sum(x, inv)
+    work = xp.empty_like(x)
+    center(x, mean, work, work)
+    return mean, channel_sum(work, inv)
+
+
+def batch_norm_forward(x, mean, std, x_norm, y, scale=None, bias=None, slope=None):
+    """``x_norm = (x - mean) / std`` and ``y`` = the same, then (when given) times ``scale``,
+    plus ``bias`` (an in-place Scale after the BatchNorm), then ReLU with ``slope`` (an
+    in-place ReLU after those): the BatchNorm, Scale and ReLU layers' forward passes in turn.
+    ``y`` may be ``x``."""
+    center(x, mean, y)
+    normalize(y, std, x_norm)
+    if scale is not None:
+        scale_shift(y, scale, bias, y)
+    if slope is not None:
+        neuron.relu_forward(y, y, slope)
+
+
+def batch_norm_backward(dy, x_norm, std, dx, factor=None, scale=None, y=None, slope=None):
+    """The gradient through (ReLU at ``y`` with ``slope``, then a Scale by ``scale``, when
+    given, then) BatchNorm: the layers' backward passes in turn, all in place on one blob's
+    diff (``dx`` may be ``dy``; ``dy`` is then overwritten on the way, as those layers do).
+
+    ``factor`` = -1 / (outer * inner) with batch statistics; None with global statistics
+    (``dx = dxn / std``). Returns ``(bias_sum, scale_sum)``: the per-channel sums of the Scale's
+    bias and scale gradients (``channel_sum`` of ``g`` and of ``g * x_norm``, ``g`` the ReLU's
+    gradient; ``scale_sum`` None without ``scale``)."""
+    xp = get_array_module(dy)
+    g = dx if dx is dy else xp.array(dy)
+    if slope is not None:
+        neuron.relu_backward(y, g, g, slope)
+    bias_sum = channel_sum(g)
+    scale_sum = None
+    if scale is not None:
+        product = xp.empty_like(g)
+        scale_grad(g, x_norm, scale, product, g)
+        scale_sum = channel_sum(product)
+    if factor is None:
+        xp.divide(g, _c(std), out=dx)
+        return bias_sum, scale_sum
+    work = xp.multiply(x_norm, g)
+    dot = channel_sum(work)
+    total = channel_sum(g)
+    batch_norm_grad(x_norm, g, dot, total, factor, std, dx)
+    return bias_sum, scale_sum
