@@ -623,23 +623,36 @@ def _time(flags, interrupt):
     iters = flags["iterations"]
     logger.info("*** Benchmark begins ***")
     logger.info("Testing for %d iterations.", iters)
+    chains, backward_chains = _timed_chains(net, bottom_need_backward)
+    if chains:
+        logger.info("%d BatchNorm+Scale+ReLU chains run as one pass each, as in training: "
+                    "forward time on the BatchNorm's line, backward on the chain's last layer",
+                    len(chains))
     sync = _device_sync()
     total_start = time.perf_counter()
     for it in range(iters):
         interrupt.check()
         t_iter = time.perf_counter()
-        for i in range(n_layers):
+        i = 0
+        while i < n_layers:
+            last = chains[i].last if i in chains else i
             t = time.perf_counter()
-            net.forward_from_to(i, i)
+            net.forward_from_to(i, last)
             sync()
             fwd[i] += time.perf_counter() - t
+            i = last + 1
         forward_time += time.perf_counter() - t_iter
         t_back = time.perf_counter()
-        for i in range(n_layers - 1, -1, -1):
+        i = n_layers - 1
+        while i >= 0:
             t = time.perf_counter()
-            layers[i].backward(top_vecs[i], bottom_need_backward[i], bottom_vecs[i])
+            if i in backward_chains:
+                backward_chains[i].backward()
+            else:
+                layers[i].backward(top_vecs[i], bottom_need_backward[i], bottom_vecs[i])
             sync()
             bwd[i] += time.perf_counter() - t
+            i = backward_chains[i].first - 1 if i in backward_chains else i - 1
         backward_time += time.perf_counter() - t_back
         logger.info("Iteration: %d forward-backward time: %s ms.", it + 1,
                     g((time.perf_counter() - t_iter) * 1e3))
@@ -673,6 +686,16 @@ def _time_propagate_down(layer, need):
             == caffe_pb2.LRNParameter.ACROSS_CHANNELS):
         return [True] * len(need)
     return list(need)
+
+
+def _timed_chains(net, bottom_need_backward):
+    """The net's BatchNorm+Scale+ReLU chains (:mod:`caffe_engine.layers.batch_norm_chain`) that
+    ``caffe time`` runs as one, as training does: by first layer for the forward, by last layer
+    for the backward where the timed backward propagates down through all of it."""
+    chains = dict(net._chains_by_first)
+    backward = {c.last: c for c in chains.values()
+                if all(bottom_need_backward[i][0] for i in range(c.first, c.last + 1))}
+    return chains, backward
 
 
 def _device_sync():

@@ -23,7 +23,7 @@ from . import backend, diff_sharing
 from .blob import Blob
 from .errors import CaffeError
 from .io import prototxt as pio
-from .layers import create_layer
+from .layers import batch_norm_chain, create_layer
 from .log import g, logger
 from .proto import caffe_pb2
 
@@ -258,6 +258,7 @@ class Net:
         self.memory_used = 0
         self._hooks = []            # (event, callback) in registration order; see add_hook
         self._hooks_of = dict.fromkeys(HOOK_EVENTS, ())
+        self._blind_hooks = set()   # ids of callbacks that look at no blob (see add_hook)
         self._diff_plan = None      # see share_diff_memory
 
         for layer_id, lp_in in enumerate(param.layer):
@@ -374,6 +375,7 @@ class Net:
         self.inputs = [t for layer, tops in zip(self.layers, self.top_ids) if layer.type == "Input"
                        for t in (self.blob_names[b] for b in tops)]
         self.blobs = collections.OrderedDict((n, self._blob_list[i]) for i, n in enumerate(self.blob_names))
+        self._chains_by_first, self._chains_by_last = batch_norm_chain.find(self)
         self._layer_index = {n: i for i, n in enumerate(self.layer_names)}
         logger.info("Network initialization done.")
 
@@ -487,7 +489,18 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         loss = None
         before, after = self._hooks_of["before_forward"], self._hooks_of["after_forward"]
-        for i in range(start, end + 1):
+        i = start - 1
+        while i < end:
+            i += 1
+            chain = self._chains_by_first.get(i)
+            if chain is not None and chain.last <= end and not before and not after:
+                try:
+                    chain.forward()
+                except _SETUP_FAILURES as exc:
+                    raise _layer_failure(chain.batch_norm, chain.bottom, "forward",
+                                         exc) from None
+                i = chain.last
+                continue
             for hook in before:
                 hook(i)
             layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
@@ -521,7 +534,27 @@ class Net:
             self._diff_plan = diff_sharing.signature(self)
         start = len(self.layers) - 1 if start is None else start
         before, after = self._hooks_of["before_backward"], self._hooks_of["after_backward"]
-        for i in range(start, end - 1, -1):
+        i = start + 1
+        while i > end:
+            i -= 1
+            chain = self._chains_by_last.get(i)
+            if (chain is not None and chain.first >= end and chain.backward_together
+                    and all(id(hook) in self._blind_hooks for hook in before + after)):
+                for hook in before:
+                    hook(i)
+                try:
+                    chain.backward()
+                except _SETUP_FAILURES as exc:
+                    raise _layer_failure(chain.batch_norm, chain.bottom, "backward",
+                                         exc) from None
+                for k in range(i, chain.first - 1, -1):
+                    if k != i:
+                        for hook in before:
+                            hook(k)
+                    for hook in after:
+                        hook(k)
+                i = chain.first
+                continue
             for hook in before:
                 hook(i)
             if self.layer_need_backward[i]:
@@ -540,7 +573,7 @@ class Net:
         return self.forward_from_to(0, len(self.layers) - 1, to_host=to_host)
 
     # -- per-layer hooks (Caffe's Net::Callback) ---------------------------------------------
-    def add_hook(self, event, callback):
+    def add_hook(self, event, callback, sees_blobs=True):
         """Run ``callback(layer_index)`` at ``event`` of every layer from now on.
 
         Args:
@@ -549,6 +582,12 @@ class Net:
                 ``"after_backward"`` (around each layer's backward, in backward order, whether
                 or not the layer needs one).
             callback: called with the layer index (int).
+
+            sees_blobs: False for a hook that reads no blob and no layer state, only the
+                params of finished layers (the engine's gradient buckets and backward timer):
+                then a BatchNorm+Scale+ReLU chain (:mod:`caffe_engine.layers.batch_norm_chain`)
+                still runs backward as one, the hooks called for its last layer around it and
+                for the others after it. Any hook that may see blobs keeps every layer apart.
 
         Hooks of one event run in the order they were added. A hook added while a pass runs
         takes effect from the next pass. Caffe: include/caffe/net.hpp (``Net::Callback``,
@@ -564,6 +603,8 @@ class Net:
             raise CaffeError(f"net hook: the {event} callback must be callable, got "
                              f"{type(callback).__name__}")
         self._hooks.append((event, callback))
+        if not sees_blobs:
+            self._blind_hooks.add(id(callback))
         self._hooks_of = {e: tuple(cb for ev, cb in self._hooks if ev == e) for e in HOOK_EVENTS}
 
     @property

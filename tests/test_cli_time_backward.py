@@ -68,3 +68,37 @@ def test_layers_whose_caffe_backward_ignores_propagate_down():
                                 [False]) == [False]
     for type_ in ("Convolution", "ReLU", "Pooling", "InnerProduct", "Scale", "Eltwise"):
         assert _time_propagate_down(_layer(type_), [False, True]) == [False, True]
+
+
+TRAIN_BN = """name: "bn_chain"
+force_backward: true
+layer { name: "data" type: "Input" top: "data"
+  input_param { shape { dim: 4 dim: 3 dim: 16 dim: 16 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+layer { name: "scale" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+"""
+
+
+def test_batch_norm_chains_are_timed_as_training_runs_them(tmp_path):
+    """A BatchNorm+Scale+ReLU chain runs as one pass in training, and so in ``caffe time``: its
+    forward on the BatchNorm's line, its backward on the ReLU's, the others' lines 0."""
+    (tmp_path / "net.prototxt").write_text(TRAIN_BN)
+    r = subprocess.run([sys.executable, "-m", "caffe_engine", "time", "--model=net.prototxt",
+                        "--iterations=2"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    msgs = [line.split("] ", 1)[1] for line in r.stderr.splitlines() if "] " in line]
+    assert any(m.startswith("1 BatchNorm+Scale+ReLU chains run as one pass each") for m in msgs)
+    per_layer = {}
+    for m in msgs:
+        hit = re.match(r"^ *(\S+)\t(forward|backward): (\S+) ms\.$", m)
+        if hit:
+            per_layer[hit.group(1), hit.group(2)] = float(hit.group(3))
+    assert per_layer["bn", "forward"] > 0 and per_layer["relu", "backward"] > 0
+    assert per_layer["scale", "forward"] == per_layer["relu", "forward"] == 0
+    assert per_layer["scale", "backward"] == per_layer["bn", "backward"] == 0

@@ -308,6 +308,31 @@ class ScaleLayer(Layer):
         if self.bias_term:
             _add_bias(top[0], top[0], self.blobs[-1].data, self.bias_view)
 
+    def _overwrites(self, bottom):
+        """Caffe accumulates a learned scale's gradient except in two layouts, where its BLAS
+        call writes the scale diff directly (eltwise: the product itself; outer 1 with inner > 1
+        and several scales: gemv with beta 0). Kept for number-for-number agreement, e.g. with
+        iter_size > 1."""
+        outer, dim, inner = self.view
+        eltwise = bottom[0].count == dim
+        return eltwise or (outer == 1 and inner > 1 and dim > 1)
+
+    @staticmethod
+    def _store_scale_grad(scale, sums, accumulate):
+        if accumulate:
+            scale.diff += sums.reshape(scale.shape)
+        else:
+            scale.diff[...] = sums.reshape(scale.shape)
+
+    def add_param_grads(self, bottom, bias_sum, scale_sum):
+        """The learned params' gradients from their per-channel sums ((dim,) each: the top
+        diff's and ``top_diff * x``'s), as :meth:`backward` stores them -- for the net's
+        :mod:`.batch_norm_chain`, which computes the sums in BatchNorm's passes."""
+        if self.bias_term and self.param_propagate_down[-1]:
+            self.blobs[-1].diff += bias_sum.reshape(self.blobs[-1].shape)
+        if self.param_propagate_down[0]:
+            self._store_scale_grad(self.blobs[0], scale_sum, not self._overwrites(bottom))
+
     def backward(self, top, propagate_down, bottom):
         xp = get_array_module(top[0].diff)
         if self.bias_term and self.param_propagate_down[-1]:
@@ -336,15 +361,6 @@ class ScaleLayer(Layer):
             self.kernels.scale_grad(dy, x.reshape(self.view), scale.data,
                                     product.reshape(self.view), dx if fused else None)
             sums = product.reshape(self.view).sum(axis=2).sum(axis=0)
-            # Caffe accumulates a learned scale's gradient except in two layouts, where its
-            # BLAS call writes the scale diff directly (eltwise: the product itself; outer 1 with
-            # inner > 1 and several scales: gemv with beta 0). Kept for number-for-number
-            # agreement, e.g. with iter_size > 1.
-            eltwise = bottom[0].count == scale.count
-            overwrite = eltwise or (outer == 1 and inner > 1 and dim > 1)
-            if scale_param and not overwrite:
-                scale.diff += sums.reshape(scale.shape)
-            else:
-                scale.diff[...] = sums.reshape(scale.shape)
+            self._store_scale_grad(scale, sums, scale_param and not self._overwrites(bottom))
         if dx is not None and not fused:
             self.kernels.scale_grad(dy, None, scale.data, None, dx)
