@@ -105,6 +105,28 @@ def test_convolution_layer_shapes(tuning, shape):
     assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
 
 
+@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: f"{t.threads}t-{t.block_columns}c")
+@pytest.mark.parametrize("shape", [(2, 8, (7, 7), 16, (2, 2)), (3, 5, (8, 9), 4, (3, 2)),
+                                   (1, 3, (1, 6), 2, (2, 3)), (4, 64, (28, 28), 32, (2, 2)),
+                                   (2, 16, (14, 13), 64, (2, 2))])
+def test_strided_pointwise_convolution(tuning, shape):
+    """1x1 stride > 1 (ResNet's projections) through the gathered input and an unstrided plan:
+    the reference's results, the unread positions' gradient 0."""
+    from caffe_engine.kernels.cpu.strided_pointwise import StridedPointwisePlan
+    n, c, hw, m, stride = shape
+    out = conv_output_shape(hw, (1, 1), stride, (0, 0), (1, 1))
+    g = ConvGeometry(n, c, m, 1, hw, out, (1, 1), stride, (0, 0), (1, 1))
+    plan = CpuKernels(tuning).conv(g)
+    assert isinstance(plan, StridedPointwisePlan)
+    arrays = conv_arrays(g, numpy.random.default_rng(2))
+    want = conv_results(REF.conv(g), g, *arrays)
+    got = conv_results(plan, g, *arrays)
+    assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
+    unread = numpy.ones(hw, bool)
+    unread[::stride[0], ::stride[1]] = False
+    assert (got["dx"][:, :, unread] == 0).all() and numpy.isfinite(got["dx"]).all()
+
+
 def random_depthwise(rng):
     """A random depthwise geometry (group = channels = num_output): rows long enough for the
     direct kernel (stride 1, >= one vector of outputs) half the time, else the grouped plan."""

@@ -18,7 +18,7 @@ from ..reference import ReferenceKernels
 
 import_numba()      # before the kernels' modules import Numba: see import_numba
 from . import (channelwise, conv_plan, depthwise, gemm, lrn, neuron, pooling,  # noqa: E402
-               simd, solver, transform)
+               simd, solver, strided_pointwise, transform)
 from .team import Team  # noqa: E402
 from .tuning import CpuTuning  # noqa: E402
 from .workspace import Workspace  # noqa: E402
@@ -139,6 +139,9 @@ class CpuKernels(ReferenceKernels):
         if depthwise.is_depthwise(geometry):
             return depthwise.DepthwisePlan(geometry, self.team, lambda: conv_plan.Conv2dPlan(
                 geometry, self.tuning, self.workspace, self.team))
+        if strided_pointwise.is_strided_pointwise(geometry):
+            return strided_pointwise.StridedPointwisePlan(geometry, self.tuning, self.workspace,
+                                                          self.team)
         return conv_plan.Conv2dPlan(geometry, self.tuning, self.workspace, self.team)
 
     def pooling(self, geometry):
