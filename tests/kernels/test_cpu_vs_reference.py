@@ -4,6 +4,8 @@ Convolution (2-D: odd sizes, padding up to the kernel, stride beyond the kernel,
 groups, batch 1, each way of laying images out and cutting blocks; depthwise ones through their
 direct kernel and through the grouped plan) within a float32 summation tolerance; pooling, LRN, the solver steps and the data transform bit for bit.
 """
+import dataclasses
+
 import numpy
 import pytest
 
@@ -17,7 +19,9 @@ pytest.importorskip("numba", reason="the cpu kernel set needs Numba")
 from caffe_engine.kernels.cpu import CpuKernels  # noqa: E402
 from caffe_engine.kernels.cpu import simd  # noqa: E402
 from caffe_engine.kernels.cpu.depthwise import DepthwisePlan  # noqa: E402
+from caffe_engine.kernels.cpu.team import Team  # noqa: E402
 from caffe_engine.kernels.cpu.tuning import CpuTuning  # noqa: E402
+from caffe_engine.kernels.cpu.workspace import Workspace  # noqa: E402
 
 f32 = numpy.float32
 REF = kernels.get("reference")
@@ -125,6 +129,26 @@ def test_strided_pointwise_convolution(tuning, shape):
     unread = numpy.ones(hw, bool)
     unread[::stride[0], ::stride[1]] = False
     assert (got["dx"][:, :, unread] == 0).all() and numpy.isfinite(got["dx"]).all()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_convolution_in_sub_batches(seed):
+    """A layer whose packed batch exceeds the workspace limit runs a few images at a time
+    (conv_plan.SubBatchPlan, the last sub-batch shorter): the reference's results."""
+    from caffe_engine.kernels.cpu import conv_plan
+    rng = numpy.random.default_rng(100 + seed)
+    g = random_conv(rng)
+    g = ConvGeometry(int(rng.choice([5, 7, 17])), *dataclasses.astuple(g)[1:])
+    tuning = TUNINGS[seed % len(TUNINGS)]
+    probe = conv_plan.Conv2dPlan(g, tuning, Workspace(), Team(1))
+    limit = conv_plan.packed_per_image(probe) * probe.NB * 2
+    plan = conv_plan.make(g, tuning, Workspace(), Team(tuning.threads), limit=limit)
+    if probe.N > 2 * probe.NB:
+        assert isinstance(plan, conv_plan.SubBatchPlan) and len(plan.slices) > 1
+    arrays = conv_arrays(g, rng)
+    want = conv_results(REF.conv(g), g, *arrays)
+    got = conv_results(plan, g, *arrays)
+    assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
 
 
 def random_depthwise(rng):

@@ -142,7 +142,7 @@ class CpuKernels(ReferenceKernels):
         if strided_pointwise.is_strided_pointwise(geometry):
             return strided_pointwise.StridedPointwisePlan(geometry, self.tuning, self.workspace,
                                                           self.team)
-        return conv_plan.Conv2dPlan(geometry, self.tuning, self.workspace, self.team)
+        return conv_plan.make(geometry, self.tuning, self.workspace, self.team)
 
     def pooling(self, geometry):
         return pooling.PoolPlan(geometry, self.team)
