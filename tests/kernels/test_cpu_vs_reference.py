@@ -209,7 +209,11 @@ def random_pool(rng, method):
 
 # rows wider than a vector (several chunks per row) and Caffe's common 3x3/2 and global windows
 WIDE_POOLS = [((5, 37), (3, 3), (2, 2), (1, 1)), ((7, 40), (2, 5), (1, 3), (0, 2)),
-              ((16, 16), (3, 3), (2, 2), (0, 0)), ((6, 33), (6, 33), (1, 1), (0, 0))]
+              ((16, 16), (3, 3), (2, 2), (0, 0)), ((6, 33), (6, 33), (1, 1), (0, 0)),
+              # rows of several whole vectors inside (the plain-load chunks) and edges
+              ((5, 150), (3, 3), (2, 2), (0, 0)), ((4, 101), (2, 2), (2, 2), (0, 0)),
+              ((3, 111), (3, 3), (2, 2), (1, 1)), ((3, 70), (3, 3), (1, 1), (1, 1)),
+              ((2, 224), (2, 2), (2, 2), (0, 0))]
 
 
 @pytest.mark.parametrize("method", ["MAX", "AVE"])

@@ -416,7 +416,32 @@ def pool_window(kind, stride):
                                     builder.mul(at, ir.Constant(I64, stride)))
                 return _masked_strided_load(builder, px, start, builder.and_(inside, mask),
                                             stride, w, fill)
-            emit(builder, at, mask, value_at)
+
+            def value_inside(builder, r, j, fill):
+                # a whole chunk inside the row: plain loads (stride 2: of 2 w floats, the even
+                # ones kept; the last float read is still inside the row, see ``interior``)
+                start = builder.add(builder.add(builder.mul(r, row_), j),
+                                    builder.mul(at, ir.Constant(I64, stride)))
+                v = builder.load(_vptr(builder, px, start, w), align=4)
+                if stride == 1:
+                    return v
+                v2 = builder.load(_vptr(builder, px, builder.add(start, wc), w), align=4)
+                return builder.shuffle_vector(v, v2, ir.Constant(
+                    ir.VectorType(I32, w), [2 * i for i in range(w)]))
+            # Masked loads (and, for stride 2, shuffles of their masks) cost several times the
+            # plain loads; chunks of w outputs whose cells and every float read lie inside the
+            # row take the plain ones.
+            last = builder.add(first, builder.add(ir.Constant(I64, stride * w - 1),
+                                                  builder.sub(cols_, ir.Constant(I64, 1))))
+            interior = builder.and_(
+                builder.and_(builder.icmp_signed("==", count, wc),
+                             builder.icmp_signed(">=", first, ir.Constant(I64, 0))),
+                builder.icmp_signed("<", last, width_))
+            with builder.if_else(interior) as (inside_row, at_edge):
+                with inside_row:
+                    emit(builder, at, mask, value_inside)
+                with at_edge:
+                    emit(builder, at, mask, value_at)
         _counted_loop(builder, steps, chunk)
 
     if kind == "max":
