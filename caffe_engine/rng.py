@@ -679,6 +679,10 @@ class CaffeRNG:
         if p == 0:
             return numpy.zeros(n, numpy.uint8)
         threshold = p * dtype.type(4294967295.0)
+        compiled = _compiled(n, self._mt)
+        if compiled is not None:
+            return self._compiled_draw(compiled.bernoulli, numpy.empty(n, numpy.uint8),
+                                       (f64(threshold), dtype == numpy.dtype(f32)))
         return (self.words(n).astype(dtype) <= threshold).astype(numpy.uint8)
 
 

@@ -332,6 +332,24 @@ def test_compiled_and_numpy_draws_agree(monkeypatch):
         assert bits_equal(compiled, numpy_path)
 
 
+def test_compiled_and_numpy_bernoulli_agree(monkeypatch):
+    """Dropout's float64 and the sparse filler's float32 bernoulli, compiled and in NumPy, with
+    held-back words first (their thresholds' rounding is where the two dtypes differ)."""
+    _needs_compiled()
+    results = []
+    for minimum in (0, 1 << 62):
+        monkeypatch.setattr(rng, "_COMPILED_MIN", minimum)
+        stream = rng.CaffeRNG(4321)
+        stream._pending = adversarial_words(5, 3000).astype(numpy.uint32)
+        results.append([stream.bernoulli(2000, 0.5), stream.bernoulli(700_001, 1 - 0.3),
+                        stream.bernoulli(50_000, 0.1, numpy.float32),
+                        stream.bernoulli(1000, 1.0), stream.words(5)])
+    for compiled, numpy_path in zip(*results):
+        assert compiled.dtype == numpy_path.dtype
+        numpy.testing.assert_array_equal(compiled, numpy_path)
+    assert 0.65 < results[0][1].mean() < 0.75
+
+
 def test_draws_into_a_given_array(monkeypatch):
     _needs_compiled()
     for minimum in (0, 1 << 62):

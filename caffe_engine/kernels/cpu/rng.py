@@ -168,3 +168,29 @@ def uniform(key, cursor, pend, out, a, span, hi):
                 break
     cursor[0] = pos
     cursor[1] = used
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bernoulli(key, cursor, pend, out, threshold, single):
+    """``out`` (uint8) = 1 where the next word ``u`` has ``dtype(u) <= threshold``, one word a
+    value: ``dtype`` float32 where ``single`` (its rounding of ``u``), else float64 (exact).
+    ``threshold`` (float64) is ``p * dtype(2**32 - 1)`` already rounded to ``dtype``."""
+    pos = cursor[0]
+    used = cursor[1]
+    held = pend.shape[0]
+    for k in range(out.shape[0]):
+        if used < held:
+            u = numpy.uint64(pend[used])
+            used += 1
+        else:
+            if pos >= _N:
+                _twist(key)
+                pos = 0
+            u = _temper(numpy.uint64(key[pos]))
+            pos += 1
+        if single:
+            out[k] = numpy.uint8(numpy.float64(numpy.float32(u)) <= threshold)
+        else:
+            out[k] = numpy.uint8(numpy.float64(u) <= threshold)
+    cursor[0] = pos
+    cursor[1] = used
