@@ -60,11 +60,14 @@ class Conv2dPlan:
         # (the packed layout is NCHW itself), when the array has slack past its end.
         self.pointwise = (g.kernel == (1, 1) and g.stride == (1, 1) and g.pad == (0, 0)
                           and g.dilation == (1, 1))
-        # A pointwise convolution that widens (M >= C) takes its weight gradient as a plain
-        # product per image: ResNet-50's 64 -> 256, 128 -> 512, 256 -> 1024 and 512 -> 2048
-        # layers at batch 32 ran 2-3x faster so (86 -> 196 GFLOP/s at 56x56); narrowing ones
-        # (C > M) were as fast or faster through the blocked kernel (2048 -> 512: 5x).
-        self.gemm_weight_grad = self.pointwise and self.G == 1 and self.M >= self.C
+        # A pointwise convolution that widens (M >= C), or has at least 28x28 positions, takes
+        # its weight gradient as a plain product per image: ResNet-50's 64 -> 256, 128 -> 512,
+        # 256 -> 1024 and 512 -> 2048 layers at batch 32 ran 2-3x faster so (86 -> 196 GFLOP/s
+        # at 56x56), its narrowing 256 -> 64 at 56x56 and 512 -> 256 at 28x28 1.4x (122 -> 176,
+        # 176 -> 248); narrowing ones on smaller planes were as fast or faster through the
+        # blocked kernel (1024 -> 512 at 14x14: 1.7x, 2048 -> 512 at 7x7: 4x).
+        self.gemm_weight_grad = (self.pointwise and self.G == 1
+                                 and (self.M >= self.C or self.OH * self.OW >= 784))
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
                                     columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
@@ -197,13 +200,16 @@ PACK_LIMIT = 1 << 24
 
 
 def packed_per_image(plan):
-    """Floats of the workspace's packed arrays per image of a :class:`Conv2dPlan`."""
-    floats = plan.C * plan.sh * plan.sw * plan.Hs * plan.Ws
+    """Floats per image that a :class:`Conv2dPlan`'s calls pack into the workspace: the input
+    (forward, weight gradient; none for a 1x1 convolution reading it in place), or the top diff
+    (data gradient; with col2im's array beside it unless flipped)."""
+    in_place = plan.pointwise and plan.NB == 1
+    forward = 0 if in_place else plan.C * plan.sh * plan.sw * plan.Hs * plan.Ws
     if plan.flip:
-        floats = max(floats, plan.M * plan.fHs * plan.fWs)
-    if not plan.flip and not plan.pointwise:
-        floats *= 2          # backward_data's col2im array beside the packed top diff
-    return floats
+        backward = plan.M * plan.fHs * plan.fWs
+    else:
+        backward = plan.M * plan.OH * plan.Ws + plan.C * plan.sh * plan.sw * plan.Hs * plan.Ws
+    return max(forward, backward)
 
 
 def make(geometry, tuning, workspace, team, limit=None):
