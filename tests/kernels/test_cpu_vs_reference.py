@@ -152,8 +152,8 @@ def test_convolution_in_sub_batches(seed):
 
 
 def random_depthwise(rng):
-    """A random depthwise geometry (group = channels = num_output): rows long enough for the
-    direct kernel (stride 1, >= one vector of outputs) half the time, else the grouped plan."""
+    """A random depthwise geometry (group = channels = num_output): stride 1 (whole planes)
+    half the time, else strided (whole planes for short rows, else the grouped plan)."""
     channels = int(rng.integers(2, 9))
     kernel = tuple(int(k) for k in rng.integers(1, 6, 2))
     dilation = tuple(int(d) for d in rng.choice([1, 1, 2], 2))
@@ -182,7 +182,8 @@ def test_depthwise_convolution_matches_reference(seed):
     assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 40, 1), (3, 8, 33, 2), (1, 32, 7, 1), (2, 24, 56, 1)])
+@pytest.mark.parametrize("shape", [(2, 16, 40, 1), (3, 8, 33, 2), (1, 32, 7, 1), (2, 24, 56, 1),
+                                   (2, 8, 70, 1), (2, 8, 14, 2), (1, 4, 100, 2), (3, 5, 9, 3)])
 def test_depthwise_mobilenet_shapes(shape):
     n, c, h, s = shape
     out = conv_output_shape((h, h), (3, 3), (s, s), (1, 1), (1, 1))
@@ -190,8 +191,11 @@ def test_depthwise_mobilenet_shapes(shape):
     arrays = conv_arrays(g, numpy.random.default_rng(2))
     want = conv_results(REF.conv(g), g, *arrays)
     plan = CpuKernels(CpuTuning(threads=2)).conv(g)
-    direct = s == 1 and out[1] >= simd.vector_width()     # 40 and 56: rows; 7 and stride 2: not
-    assert plan.rows == direct and (plan.general is None) == direct
+    # stride 1 or short rows: whole planes (long stride-1 rows' weight gradient row by row);
+    # long strided rows: the grouped plan
+    wide = s == 1 or out[1] < simd.vector_width()
+    assert plan.wide == wide and (plan.general is None) == wide
+    assert plan.wide_weight_grad == (wide and not (s == 1 and out[1] >= 64))
     got = conv_results(plan, g, *arrays)
     assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
 

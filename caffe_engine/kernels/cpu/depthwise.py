@@ -5,9 +5,10 @@ Caffe runs such a layer as ``group`` matrix products of one row each (src/caffe/
 base_conv_layer.cpp: ``conv_im2col`` then one GEMM per group), so each product multiplies a
 1 x (kh kw) row by a (kh kw) x (OH OW) column matrix: an im2col copy of the input per product,
 and a GEMM too thin to use a register tile. The layer is memory-bound (2 kh kw FLOPs per output
-against one input read), so it is computed here directly: each output row accumulates one
-shifted input row per tap, in fused multiply-adds of whole vectors for stride 1 (:mod:`.simd`'s
-``axpy`` and ``mul_add_into``), element by element for other strides.
+against one input read), so it is computed here directly, a plane at a time: the padded plane
+split into its stride phases, and each tap one fused multiply-add of the whole plane's outputs
+in "wide" order (:mod:`.simd`'s ``axpy`` and ``mul_add_into`` over ``OH x Wq`` floats); the
+weight gradient of long rows row by row.
 
 Every kernel is split between the team's threads by planes (image, channel); the weight
 gradient by channels, so no two threads write the same weight. Summation order: the forward sums
@@ -46,63 +47,6 @@ def _columns(off, stride, width, count):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw,
-            t, parts):
-    """``y`` = the depthwise correlation of ``x`` with ``w`` (+ ``bias``), planes of part ``t``."""
-    for p in range(planes * t // parts, planes * (t + 1) // parts):
-        c = p % C
-        xb, yb, wb = p * H * W, p * OH * OW, c * kh * kw
-        for oh in range(OH):
-            row = yb + oh * OW
-            for ow in range(OW):
-                y[row + ow] = f32(0)
-            for i in range(kh):
-                ih = oh * sh - ph + i * dh
-                if ih < 0 or ih >= H:
-                    continue
-                src = xb + ih * W
-                for j in range(kw):
-                    off = j * dw - pw
-                    first, end = _columns(off, sw, W, OW)
-                    tap = w[wb + i * kw + j]
-                    if sw == 1:
-                        simd.axpy(y, row + first, x, src + first + off, end - first, tap)
-                    else:
-                        for ow in range(first, end):
-                            y[row + ow] += tap * x[src + ow * sw + off]
-            if has_bias:
-                b = bias[c]
-                for ow in range(OW):
-                    y[row + ow] += b
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def backward_data(dy, w, dx, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, t, parts):
-    """``dx`` = the gradient with respect to the input (overwritten), planes of part ``t``."""
-    for p in range(planes * t // parts, planes * (t + 1) // parts):
-        c = p % C
-        xb, yb, wb = p * H * W, p * OH * OW, c * kh * kw
-        for k in range(H * W):
-            dx[xb + k] = f32(0)
-        for oh in range(OH):
-            row = yb + oh * OW
-            for i in range(kh):
-                ih = oh * sh - ph + i * dh
-                if ih < 0 or ih >= H:
-                    continue
-                dst = xb + ih * W
-                for j in range(kw):
-                    off = j * dw - pw
-                    first, end = _columns(off, sw, W, OW)
-                    tap = w[wb + i * kw + j]
-                    if sw == 1:
-                        simd.axpy(dx, dst + first + off, dy, row + first, end - first, tap)
-                    else:
-                        for ow in range(first, end):
-                            dx[dst + ow * sw + off] += tap * dy[row + ow]
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def weight_grad(x, dy, dwt, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, t, parts):
     """``dwt +=`` the gradient with respect to the weights, channels of part ``t``."""
     partial = numpy.empty(OW, f32)
@@ -131,16 +75,142 @@ def weight_grad(x, dy, dwt, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, 
                     dwt[wb + i * kw + j] += simd.total(partial, first, end - first)
 
 
+# ------------------------------------------------------------------------------------------------
+# Whole planes at a time ("wide" layout): any stride, short rows
+# ------------------------------------------------------------------------------------------------
+# A plane's zero-padded input is split into its stride phases, each phase a plane of Hq x Wq
+# floats (phase (a, b) holds padded rows a, a + sh, ... and columns b, b + sw, ...). Tap (i, j)
+# then reads phase (i dh % sh, j dw % sw) shifted by (i dh // sh, j dw // sw), and the outputs in
+# "wide" order (row stride Wq, columns past OW unused) are one fused multiply-add of OH Wq floats
+# per tap: a few long vector loops a plane instead of a short one per output row and tap.
+
+
+def wide_shape(shape):
+    """(Hq, Wq, plane floats with slack) of a geometry's ``shape`` tuple (see DepthwisePlan)."""
+    H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw = shape
+    Hq = -(-(H + 2 * ph) // sh)
+    Wq = -(-(W + 2 * pw) // sw)
+    rows = max(Hq, OH + (dh * (kh - 1)) // sh)
+    return Hq, Wq, (rows + 1) * Wq + (dw * (kw - 1)) // sw + 16
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _phases(src, s0, dst, H, W, ph, pw, sh, sw, Hq, Wq, phase):
+    """Plane ``src[s0:]`` (H, W) zero-padded and split into its sh x sw phases in ``dst``
+    (each ``phase`` floats apart; everything else in ``dst`` zero)."""
+    dst[:] = f32(0)
+    if sh == 1 and sw == 1:
+        for r in range(H):
+            simd.copy(dst, (r + ph) * Wq + pw, src, s0 + r * W, W)
+        return
+    for r in range(H):
+        pr = r + ph
+        a, q = pr % sh, pr // sh
+        for c in range(W):
+            pc = c + pw
+            dst[(a * sw + pc % sw) * phase + q * Wq + pc // sw] = src[s0 + r * W + c]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def wide_forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh,
+                 dw, Hq, Wq, floats, work, t, parts):
+    """As :func:`forward` (taps summed in the same order), in the wide layout."""
+    phase = floats
+    xq = work[t, 0]
+    yw = work[t, 1]
+    n = OH * Wq
+    for p in range(planes * t // parts, planes * (t + 1) // parts):
+        c = p % C
+        _phases(x, p * H * W, xq, H, W, ph, pw, sh, sw, Hq, Wq, phase)
+        simd.fill(yw, 0, n, f32(0))
+        for i in range(kh):
+            ri = i * dh
+            for j in range(kw):
+                cj = j * dw
+                at = ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+                simd.axpy(yw, 0, xq, at, n, w[(c * kh + i) * kw + j])
+        b = bias[c] if has_bias else f32(0)
+        for oh in range(OH):
+            if has_bias:
+                simd.copy_plus(y, (p * OH + oh) * OW, yw, oh * Wq, OW, b)
+            else:
+                simd.copy(y, (p * OH + oh) * OW, yw, oh * Wq, OW)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, Hq,
+                       Wq, floats, work, t, parts):
+    """As :func:`backward_data`, in the wide layout: each tap adds its multiple of the wide top
+    diff into the phases of the padded input's gradient, which are then read back unpadded."""
+    phase = floats
+    dq = work[t, 0]
+    dyw = work[t, 1]
+    n = OH * Wq
+    for p in range(planes * t // parts, planes * (t + 1) // parts):
+        c = p % C
+        simd.fill(dyw, 0, n, f32(0))
+        for oh in range(OH):
+            simd.copy(dyw, oh * Wq, dy, (p * OH + oh) * OW, OW)
+        dq[:] = f32(0)
+        for i in range(kh):
+            ri = i * dh
+            for j in range(kw):
+                cj = j * dw
+                at = ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+                simd.axpy(dq, at, dyw, 0, n, w[(c * kh + i) * kw + j])
+        base = p * H * W
+        for r in range(H):
+            pr = r + ph
+            a, q = pr % sh, pr // sh
+            if sh == 1 and sw == 1:
+                simd.copy(dx, base + r * W, dq, pr * Wq + pw, W)
+                continue
+            for col in range(W):
+                pc = col + pw
+                dx[base + r * W + col] = dq[(a * sw + pc % sw) * phase + q * Wq + pc // sw]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def wide_weight_grad(x, dy, dwt, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, Hq, Wq,
+                     floats, work, t, parts):
+    """As :func:`weight_grad` (image by image, Caffe's order), in the wide layout."""
+    phase = floats
+    xq = work[t, 0]
+    dyw = work[t, 1]
+    partial = work[t, 2]
+    n = OH * Wq
+    for c in range(C * t // parts, C * (t + 1) // parts):
+        for img in range(N):
+            p = img * C + c
+            _phases(x, p * H * W, xq, H, W, ph, pw, sh, sw, Hq, Wq, phase)
+            simd.fill(dyw, 0, n, f32(0))
+            for oh in range(OH):
+                simd.copy(dyw, oh * Wq, dy, (p * OH + oh) * OW, OW)
+            for i in range(kh):
+                ri = i * dh
+                for j in range(kw):
+                    cj = j * dw
+                    at = ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+                    simd.fill(partial, 0, n, f32(0))
+                    simd.mul_add_into(partial, 0, dyw, 0, xq, at, n)
+                    dwt[(c * kh + i) * kw + j] += simd.total(partial, 0, n)
+
+
 class DepthwisePlan:
     """The CPU kernels of one depthwise 2-D convolution (:func:`is_depthwise` geometry), with
     the interface of :class:`..reference.conv.ConvPlan`: ``forward`` and ``backward_data``
     overwrite, ``weight_grad`` and ``bias_grad`` accumulate.
 
-    The weight gradient is always this module's. The forward and the data gradient are too
-    where rows are whole vectors of unit stride (stride 1, at least one vector of output
-    columns); otherwise ``general`` (the grouped :class:`.conv_plan.Conv2dPlan`) runs them, which
-    measured faster on short or strided rows (MobileNet's 7x7 and 14x14 planes: equal or up to
-    15 % faster; its 112x112 planes: 2x slower than the direct rows)."""
+    Stride 1, or output rows shorter than a vector: whole planes in the wide layout
+    (:func:`wide_forward`, ...); the weight gradient row by row (:func:`weight_grad`) where
+    stride-1 rows are 64 or more. Longer strided rows: the forward and the data gradient by
+    ``general`` (the grouped :class:`.conv_plan.Conv2dPlan`), the weight gradient row by row.
+    Measured on MobileNet's layers at batch 32 (forward / data gradient / weight gradient, ms;
+    before: row kernels for stride 1 and rows of a vector or more, else the grouped plan):
+    32x112x112 10.8/12.7/9.3 -> 6.7/6.0/9.3, 128x56x56 14.3/14.1/12.9 -> 5.7/5.7/11.4,
+    256x28x28 11.3/10.6/7.7 -> 3.0/3.6/6.9, 512x14x14 6.9/6.9/9.8 -> 2.9/2.7/5.3, 1024x7x7
+    14.6/14.1/11.4 -> 2.1/2.2/6.1, 512x14x14 stride 2 8.1/5.7/6.2 -> 4.8/5.0/7.2 (wide); the
+    112x112 and 56x56 stride-2 layers stay grouped (the wide layout's phase split was slower)."""
 
     def __init__(self, geometry, team, general=None):
         g = self.geometry = geometry
@@ -151,27 +221,39 @@ class DepthwisePlan:
         self.shape = (H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw)
         self.parts = None if self.N * self.C * OH * OW >= PARALLEL_MIN else 1
         self.channel_parts = min(self.C, team.threads) if self.parts is None else 1
-        self.rows = sw == 1 and OW >= simd.vector_width()
-        self.general = None if self.rows else general()
+        unit = sh == 1 and sw == 1
+        self.wide = unit or OW < simd.vector_width()
+        self.wide_weight_grad = self.wide and not (unit and OW >= 64)
+        self.general = None if self.wide else general()
+        self.Hq, self.Wq, self.floats = wide_shape(self.shape)
+        self.work = (numpy.zeros((team.threads, 3, sh * sw * self.floats), f32)
+                     if self.wide else None)
+
+    def _wide(self):
+        return self.Hq, self.Wq, self.floats, self.work
 
     def forward(self, x, w, bias, y):
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
         if self.general is not None:
             return self.general.forward(x, w, bias, y)
         w = w.reshape(-1)
-        self.team.run(forward, x.reshape(-1), w, bias if bias is not None else w,
+        self.team.run(wide_forward, x.reshape(-1), w, bias if bias is not None else w,
                       bias is not None, y.reshape(-1), self.N * self.C, self.C, *self.shape,
-                      parts=self.parts)
+                      *self._wide(), parts=self.parts)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
         if self.general is not None:
             return self.general.backward_data(dy, w, dx)
-        self.team.run(backward_data, dy.reshape(-1), w.reshape(-1), dx.reshape(-1),
-                      self.N * self.C, self.C, *self.shape, parts=self.parts)
+        self.team.run(wide_backward_data, dy.reshape(-1), w.reshape(-1), dx.reshape(-1),
+                      self.N * self.C, self.C, *self.shape, *self._wide(), parts=self.parts)
 
     def weight_grad(self, x, dy, dw):
         """``dw +=`` the gradient with respect to the weights."""
+        if self.wide_weight_grad:
+            self.team.run(wide_weight_grad, x.reshape(-1), dy.reshape(-1), dw.reshape(-1),
+                          self.N, self.C, *self.shape, *self._wide(), parts=self.channel_parts)
+            return
         self.team.run(weight_grad, x.reshape(-1), dy.reshape(-1), dw.reshape(-1), self.N,
                       self.C, *self.shape, parts=self.channel_parts)
 
