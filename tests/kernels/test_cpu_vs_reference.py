@@ -17,7 +17,6 @@ from caffe_engine.proto import caffe_pb2
 
 pytest.importorskip("numba", reason="the cpu kernel set needs Numba")
 from caffe_engine.kernels.cpu import CpuKernels  # noqa: E402
-from caffe_engine.kernels.cpu import simd  # noqa: E402
 from caffe_engine.kernels.cpu.depthwise import DepthwisePlan  # noqa: E402
 from caffe_engine.kernels.cpu.team import Team  # noqa: E402
 from caffe_engine.kernels.cpu.tuning import CpuTuning  # noqa: E402
@@ -152,8 +151,8 @@ def test_convolution_in_sub_batches(seed):
 
 
 def random_depthwise(rng):
-    """A random depthwise geometry (group = channels = num_output): stride 1 (whole planes)
-    half the time, else strided (whole planes for short rows, else the grouped plan)."""
+    """A random depthwise geometry (group = channels = num_output): stride 1 half the time,
+    else strided; odd sizes, dilation, padding up to the kernel."""
     channels = int(rng.integers(2, 9))
     kernel = tuple(int(k) for k in rng.integers(1, 6, 2))
     dilation = tuple(int(d) for d in rng.choice([1, 1, 2], 2))
@@ -191,11 +190,8 @@ def test_depthwise_mobilenet_shapes(shape):
     arrays = conv_arrays(g, numpy.random.default_rng(2))
     want = conv_results(REF.conv(g), g, *arrays)
     plan = CpuKernels(CpuTuning(threads=2)).conv(g)
-    # stride 1 or short rows: whole planes (long stride-1 rows' weight gradient row by row);
-    # long strided rows: the grouped plan
-    wide = s == 1 or out[1] < simd.vector_width()
-    assert plan.wide == wide and (plan.general is None) == wide
-    assert plan.wide_weight_grad == (wide and not (s == 1 and out[1] >= 64))
+    # whole planes, but long stride-1 rows' weight gradient row by row
+    assert plan.wide_weight_grad == (not (s == 1 and out[1] >= 64))
     got = conv_results(plan, g, *arrays)
     assert_sums_close(got, want, arrays[0], arrays[1], arrays[3])
 

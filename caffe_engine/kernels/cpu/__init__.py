@@ -137,8 +137,7 @@ class CpuKernels(ReferenceKernels):
         if len(geometry.kernel) != 2:
             return super().conv(geometry)
         if depthwise.is_depthwise(geometry):
-            return depthwise.DepthwisePlan(geometry, self.team, lambda: conv_plan.Conv2dPlan(
-                geometry, self.tuning, self.workspace, self.team))
+            return depthwise.DepthwisePlan(geometry, self.team)
         if strided_pointwise.is_strided_pointwise(geometry):
             return strided_pointwise.StridedPointwisePlan(geometry, self.tuning, self.workspace,
                                                           self.team)

@@ -106,9 +106,13 @@ def _phases(src, s0, dst, H, W, ph, pw, sh, sw, Hq, Wq, phase):
     for r in range(H):
         pr = r + ph
         a, q = pr % sh, pr // sh
-        for c in range(W):
-            pc = c + pw
-            dst[(a * sw + pc % sw) * phase + q * Wq + pc // sw] = src[s0 + r * W + c]
+        for b in range(sw):
+            c0 = (b - pw) % sw          # the first column of phase b
+            if c0 < W:
+                at = (a * sw + b) * phase + q * Wq + (c0 + pw) // sw
+                # + -0.0 keeps every value's bits
+                simd.gather_plus(dst, at, src, s0 + r * W + c0, sw, (W - 1 - c0) // sw + 1,
+                                 f32(-0.0))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -165,9 +169,12 @@ def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, p
             if sh == 1 and sw == 1:
                 simd.copy(dx, base + r * W, dq, pr * Wq + pw, W)
                 continue
-            for col in range(W):
-                pc = col + pw
-                dx[base + r * W + col] = dq[(a * sw + pc % sw) * phase + q * Wq + pc // sw]
+            for b in range(sw):
+                c0 = (b - pw) % sw
+                if c0 < W:
+                    at = (a * sw + b) * phase + q * Wq + (c0 + pw) // sw
+                    simd.scatter_copy(dx, base + r * W + c0, sw, dq, at,
+                                      (W - 1 - c0) // sw + 1)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -201,18 +208,16 @@ class DepthwisePlan:
     the interface of :class:`..reference.conv.ConvPlan`: ``forward`` and ``backward_data``
     overwrite, ``weight_grad`` and ``bias_grad`` accumulate.
 
-    Stride 1, or output rows shorter than a vector: whole planes in the wide layout
-    (:func:`wide_forward`, ...); the weight gradient row by row (:func:`weight_grad`) where
-    stride-1 rows are 64 or more. Longer strided rows: the forward and the data gradient by
-    ``general`` (the grouped :class:`.conv_plan.Conv2dPlan`), the weight gradient row by row.
-    Measured on MobileNet's layers at batch 32 (forward / data gradient / weight gradient, ms;
-    before: row kernels for stride 1 and rows of a vector or more, else the grouped plan):
+    Whole planes in the wide layout (:func:`wide_forward`, ...), except the weight gradient of
+    stride-1 rows of 64 or more, row by row (:func:`weight_grad`). Measured on MobileNet's
+    layers at batch 32 (forward / data gradient / weight gradient, ms), against the kernels
+    before (row kernels for stride-1 rows of a vector or more, else the grouped GEMM plan):
     32x112x112 10.8/12.7/9.3 -> 6.7/6.0/9.3, 128x56x56 14.3/14.1/12.9 -> 5.7/5.7/11.4,
     256x28x28 11.3/10.6/7.7 -> 3.0/3.6/6.9, 512x14x14 6.9/6.9/9.8 -> 2.9/2.7/5.3, 1024x7x7
-    14.6/14.1/11.4 -> 2.1/2.2/6.1, 512x14x14 stride 2 8.1/5.7/6.2 -> 4.8/5.0/7.2 (wide); the
-    112x112 and 56x56 stride-2 layers stay grouped (the wide layout's phase split was slower)."""
+    14.6/14.1/11.4 -> 2.1/2.2/6.1; stride 2: 64x112x112 20.2/19.9/27.8 -> 16.0/14.6/18.2,
+    128x56x56 11.6/12.9/16.8 -> 10.7/8.4/12.6."""
 
-    def __init__(self, geometry, team, general=None):
+    def __init__(self, geometry, team):
         g = self.geometry = geometry
         self.team = team
         self.N, self.C = g.num, g.channels
@@ -221,21 +226,15 @@ class DepthwisePlan:
         self.shape = (H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw)
         self.parts = None if self.N * self.C * OH * OW >= PARALLEL_MIN else 1
         self.channel_parts = min(self.C, team.threads) if self.parts is None else 1
-        unit = sh == 1 and sw == 1
-        self.wide = unit or OW < simd.vector_width()
-        self.wide_weight_grad = self.wide and not (unit and OW >= 64)
-        self.general = None if self.wide else general()
+        self.wide_weight_grad = not (sh == 1 and sw == 1 and OW >= 64)
         self.Hq, self.Wq, self.floats = wide_shape(self.shape)
-        self.work = (numpy.zeros((team.threads, 3, sh * sw * self.floats), f32)
-                     if self.wide else None)
+        self.work = numpy.zeros((team.threads, 3, sh * sw * self.floats), f32)
 
     def _wide(self):
         return self.Hq, self.Wq, self.floats, self.work
 
     def forward(self, x, w, bias, y):
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
-        if self.general is not None:
-            return self.general.forward(x, w, bias, y)
         w = w.reshape(-1)
         self.team.run(wide_forward, x.reshape(-1), w, bias if bias is not None else w,
                       bias is not None, y.reshape(-1), self.N * self.C, self.C, *self.shape,
@@ -243,8 +242,6 @@ class DepthwisePlan:
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
-        if self.general is not None:
-            return self.general.backward_data(dy, w, dx)
         self.team.run(wide_backward_data, dy.reshape(-1), w.reshape(-1), dx.reshape(-1),
                       self.N * self.C, self.C, *self.shape, *self._wide(), parts=self.parts)
 
