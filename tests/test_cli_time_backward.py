@@ -28,19 +28,25 @@ layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
 """
 
 
-def test_deploy_net_backward_is_timed_like_caffe(tmp_path):
-    (tmp_path / "deploy.prototxt").write_text(DEPLOY)
-    r = subprocess.run([sys.executable, "-m", "caffe_engine", "time", "--model=deploy.prototxt",
-                        "--iterations=3"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)
+def caffe_time(folder, text, iterations):
+    """``caffe time`` of the net ``text``: its log messages and {(layer, pass): ms}."""
+    (folder / "net.prototxt").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "caffe_engine", "time", "--model=net.prototxt",
+                        f"--iterations={iterations}"], cwd=folder, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     msgs = [line.split("] ", 1)[1] for line in r.stderr.splitlines() if "] " in line]
-    assert "conv does not need backward computation." in msgs      # a deploy net, as in Caffe
     per_layer = {}
     for m in msgs:
         hit = re.match(r"^ *(\S+)\t(forward|backward): (\S+) ms\.$", m)
         if hit:
             per_layer[hit.group(1), hit.group(2)] = float(hit.group(3))
+    return msgs, per_layer
+
+
+def test_deploy_net_backward_is_timed_like_caffe(tmp_path):
+    msgs, per_layer = caffe_time(tmp_path, DEPLOY, 3)
+    assert "conv does not need backward computation." in msgs      # a deploy net, as in Caffe
     fwd = float(next(m for m in msgs if m.startswith("Average Forward pass: ")).split()[3])
     bwd = float(next(m for m in msgs if m.startswith("Average Backward pass: ")).split()[3])
     # The weight gradient of the convolution costs about what its forward does; without it the
@@ -87,18 +93,8 @@ layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc"
 def test_batch_norm_chains_are_timed_as_training_runs_them(tmp_path):
     """A BatchNorm+Scale+ReLU chain runs as one pass in training, and so in ``caffe time``: its
     forward on the BatchNorm's line, its backward on the ReLU's, the others' lines 0."""
-    (tmp_path / "net.prototxt").write_text(TRAIN_BN)
-    r = subprocess.run([sys.executable, "-m", "caffe_engine", "time", "--model=net.prototxt",
-                        "--iterations=2"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    msgs = [line.split("] ", 1)[1] for line in r.stderr.splitlines() if "] " in line]
+    msgs, per_layer = caffe_time(tmp_path, TRAIN_BN, 2)
     assert any(m.startswith("1 BatchNorm+Scale+ReLU chains run as one pass each") for m in msgs)
-    per_layer = {}
-    for m in msgs:
-        hit = re.match(r"^ *(\S+)\t(forward|backward): (\S+) ms\.$", m)
-        if hit:
-            per_layer[hit.group(1), hit.group(2)] = float(hit.group(3))
     assert per_layer["bn", "forward"] > 0 and per_layer["relu", "backward"] > 0
     assert per_layer["scale", "forward"] == per_layer["relu", "forward"] == 0
     assert per_layer["scale", "backward"] == per_layer["bn", "backward"] == 0

@@ -115,10 +115,19 @@ def _phases(src, s0, dst, H, W, ph, pw, sh, sw, Hq, Wq, phase):
                                  f32(-0.0))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _tap(i, j, dh, dw, sh, sw, phase, Wq):
+    """Where tap (i, j) starts reading in the phases: phase (i dh % sh, j dw % sw), shifted by
+    (i dh // sh, j dw // sw)."""
+    ri, cj = i * dh, j * dw
+    return ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def wide_forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh,
                  dw, Hq, Wq, floats, work, t, parts):
-    """As :func:`forward` (taps summed in the same order), in the wide layout."""
+    """``y`` = the depthwise correlation of ``x`` with ``w`` (+ ``bias``), planes of part
+    ``t``: per output, the taps summed row by row of the kernel from 0, then the bias."""
     phase = floats
     xq = work[t, 0]
     yw = work[t, 1]
@@ -128,10 +137,8 @@ def wide_forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, kh, kw, sh, s
         _phases(x, p * H * W, xq, H, W, ph, pw, sh, sw, Hq, Wq, phase)
         simd.fill(yw, 0, n, f32(0))
         for i in range(kh):
-            ri = i * dh
             for j in range(kw):
-                cj = j * dw
-                at = ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+                at = _tap(i, j, dh, dw, sh, sw, phase, Wq)
                 simd.axpy(yw, 0, xq, at, n, w[(c * kh + i) * kw + j])
         b = bias[c] if has_bias else f32(0)
         for oh in range(OH):
@@ -144,8 +151,9 @@ def wide_forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, kh, kw, sh, s
 @njit(cache=True, nogil=True, error_model="numpy")
 def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, Hq,
                        Wq, floats, work, t, parts):
-    """As :func:`backward_data`, in the wide layout: each tap adds its multiple of the wide top
-    diff into the phases of the padded input's gradient, which are then read back unpadded."""
+    """``dx`` = the gradient with respect to the input (overwritten), planes of part ``t``:
+    each tap adds its multiple of the wide top diff into the phases of the padded input's
+    gradient, which are then read back unpadded."""
     phase = floats
     dq = work[t, 0]
     dyw = work[t, 1]
@@ -157,10 +165,8 @@ def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, p
             simd.copy(dyw, oh * Wq, dy, (p * OH + oh) * OW, OW)
         dq[:] = f32(0)
         for i in range(kh):
-            ri = i * dh
             for j in range(kw):
-                cj = j * dw
-                at = ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+                at = _tap(i, j, dh, dw, sh, sw, phase, Wq)
                 simd.axpy(dq, at, dyw, 0, n, w[(c * kh + i) * kw + j])
         base = p * H * W
         for r in range(H):
@@ -180,7 +186,9 @@ def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, kh, kw, sh, sw, ph, p
 @njit(cache=True, nogil=True, error_model="numpy")
 def wide_weight_grad(x, dy, dwt, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, Hq, Wq,
                      floats, work, t, parts):
-    """As :func:`weight_grad` (image by image, Caffe's order), in the wide layout."""
+    """``dwt +=`` the gradient with respect to the weights, channels of part ``t``: each
+    tap's products over an image's positions summed (:func:`simd.total`), image by image
+    (Caffe's order of images)."""
     phase = floats
     xq = work[t, 0]
     dyw = work[t, 1]
@@ -194,10 +202,8 @@ def wide_weight_grad(x, dy, dwt, N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh,
             for oh in range(OH):
                 simd.copy(dyw, oh * Wq, dy, (p * OH + oh) * OW, OW)
             for i in range(kh):
-                ri = i * dh
                 for j in range(kw):
-                    cj = j * dw
-                    at = ((ri % sh) * sw + cj % sw) * phase + (ri // sh) * Wq + cj // sw
+                    at = _tap(i, j, dh, dw, sh, sw, phase, Wq)
                     simd.fill(partial, 0, n, f32(0))
                     simd.mul_add_into(partial, 0, dyw, 0, xq, at, n)
                     dwt[(c * kh + i) * kw + j] += simd.total(partial, 0, n)
