@@ -375,6 +375,9 @@ def _train(flags, ctx):
         gpus = []
     if not gpus:
         logger.info("Use CPU.")
+        if param.device_id:
+            logger.warning("solver device_id %d is ignored: training runs on the CPU",
+                           param.device_id)
         backend.set_mode_cpu()
         _log_cpu_kernels()
     else:

@@ -259,6 +259,7 @@ class Net:
         self._hooks = []            # (event, callback) in registration order; see add_hook
         self._hooks_of = dict.fromkeys(HOOK_EVENTS, ())
         self._blind_hooks = set()   # ids of callbacks that look at no blob (see add_hook)
+        self._empty_warned = set()  # (input, shape) already named by _warn_empty_inputs
         self._diff_plan = None      # see share_diff_memory
 
         for layer_id, lp_in in enumerate(param.layer):
@@ -685,6 +686,8 @@ class Net:
                 upgrade_net(param, where)
             records = [(layer.name, dict(enumerate(layer.blobs))) for layer in param.layer]
             index = self.first_layer_index()
+        if not records:
+            logger.warning("%s holds no layers: no weights copied (Caffe goes on as well)", where)
         copied, warned = [], set()
         for name, blobs in records:
             i = index.get(name)
@@ -825,8 +828,19 @@ class Net:
                                  f"net inputs {self.inputs}.")
             for name, value in kwargs.items():
                 self._fill(name, value, "data", "Input")
+        self._warn_empty_inputs()
         self._forward(start_ind, end_ind)
         return {name: self.blobs[name].data for name in outputs}
+
+    def _warn_empty_inputs(self):
+        """One WARNING per input shape with a zero dimension (pycaffe's ``blob.reshape(0,
+        ...)``): Caffe runs such a net and computes nothing, and so does this one."""
+        for name in self.inputs:
+            shape = self.blobs[name].shape
+            if 0 in shape and (name, shape) not in self._empty_warned:
+                self._empty_warned.add((name, shape))
+                logger.warning("input blob '%s' has a zero dimension %s: the net computes "
+                               "nothing", name, shape)
 
     def backward(self, diffs=None, start=None, end=None, **kwargs):
         """Backward pass, as pycaffe's ``Net.backward``.
@@ -959,6 +973,7 @@ class Net:
     def reshape(self):
         """Re-run every layer's ``reshape`` in order (Caffe's Net::Reshape), e.g. after
         ``net.blobs['data'].reshape(...)``."""
+        self._warn_empty_inputs()
         for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
             layer.reshape(bottom, top)
 

@@ -154,6 +154,10 @@ def _learned_net_path(state_file, learned_net):
     state file). A missing file is one CaffeError line naming both, with a hint when a file of
     that name lies beside the state (the run that wrote it worked from another folder).
     """
+    if isinstance(learned_net, bytes):
+        # protobuf hands back bytes for a string field that is not UTF-8: a damaged file
+        raise CaffeError(f"{state_file}: learned_net is not UTF-8 text ({learned_net[:60]!r}); "
+                         "the solver state is damaged")
     if os.path.exists(learned_net):
         return learned_net
     hint = ""
@@ -379,6 +383,10 @@ class Solver:
                              f"({len(p.test_iter)} test_iter for {n_specific} test_net/test_net_param)")
         n_generic = (len(p.test_iter) - n_specific) if has_generic else 0
         total = n_specific + n_generic
+        for k, n in enumerate(p.test_iter):
+            if n < 0:
+                logger.warning("solver: test_iter %d (test net #%d) is negative; that test runs "
+                               "no iteration, as in Caffe", n, k)
         if len(p.test_state) and len(p.test_state) != total:
             raise CaffeError("solver: test_state must be unspecified or specified once per test net "
                              f"({len(p.test_state)} test_state for {total} test nets)")
@@ -751,6 +759,7 @@ class Solver:
             from ..io.hdf5_snapshot import load_solver_state_hdf5
             state = load_solver_state_hdf5(state_file)
             self.iter = state["iter"]
+            self._warn_odd_iter(state_file, self.iter)
             if state["learned_net"] is not None:
                 copy_trained_layers(self.net, _learned_net_path(state_file, state["learned_net"]))
             self._set_current_step(state["current_step"])
@@ -758,6 +767,7 @@ class Solver:
         else:
             state = pio.read_binary(state_file, caffe_pb2.SolverState(), "solverstate")
             self.iter = state.iter
+            self._warn_odd_iter(state_file, self.iter)
             if state.HasField("learned_net"):
                 copy_trained_layers(self.net, _learned_net_path(state_file, state.learned_net))
             self._set_current_step(state.current_step)
@@ -767,6 +777,13 @@ class Solver:
             logger.info("Restoring data cursors and random streams from %s", side)
             content = resume.for_rank(resume.read(side), self.rank, self.solver_count, side)
             resume.apply(self, content)
+
+    @staticmethod
+    def _warn_odd_iter(state_file, iteration):
+        """Caffe resumes from a negative ``iter`` as stored; one WARNING names it."""
+        if iteration < 0:
+            logger.warning("%s: iter %d is negative; training resumes from it as Caffe does",
+                           state_file, iteration)
 
     def _set_current_step(self, step):
         self.current_step = step
