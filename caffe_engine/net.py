@@ -456,11 +456,6 @@ class Net:
                     skip.add(name)
 
     # -- running -----------------------------------------------------------------------------
-    def _layer_range(self, start, end):
-        lo = 0 if start is None else self._layer_index_of(start)
-        hi = len(self.layers) - 1 if end is None else self._layer_index_of(end)
-        return lo, hi
-
     def _layer_index_of(self, name):
         if name not in self._layer_index:
             raise CaffeError(f"unknown layer '{name}'")

@@ -576,10 +576,6 @@ class CaffeRNG:
             return int(self.words(1)[0])
         return int(self._mt.random_raw())
 
-    def rand_int(self, n):
-        """``caffe_rng_rand() % n``: Caffe's ``Rand(n)`` in the data transformer."""
-        return self.word() % int(n)
-
     def uniform(self, n, a, b, out=None):
         """``n`` float32 samples of Boost ``uniform_real<float>(a, nextafter(b))``.
 

@@ -490,12 +490,6 @@ def netlab_factory(args):
             f"over TCP; P = 1 plain")
 
 
-def measured_rate(solver, procs, iters, comm, workdir):
-    """Median training iterations/s of ``caffe train`` on ``procs`` ranks (local mode)."""
-    path = write_solver(solver, iters, workdir)
-    return measure(path, procs, comm)["median"]
-
-
 # -- main ----------------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -67,6 +67,3 @@ class CpuTuning:
         """The engine's tuning: every usable core (see :func:`_thread_budget`)."""
         return cls(threads=_thread_budget())
 
-    def block_rows(self, width):
-        """Output rows of ``width`` positions per convolution block."""
-        return max(1, self.block_columns // max(1, width))

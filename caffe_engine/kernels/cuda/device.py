@@ -15,6 +15,23 @@ MAX_BLOCKS = 65535
 #: float32 operation rounds as it does in the reference set and in the emulator (g++
 #: ``-ffp-contract=off``); the kernels are memory-bound, the FMA would buy nothing
 OPTIONS = ("--std=c++14", "--fmad=false")
+#: the kernels index with C ints: arrays of this many elements or more go to the reference set
+INDEX_LIMIT = 2 ** 31
+
+
+def operand(xp, array, shape, kernel, name):
+    """``array`` as the kernels take it: float32 of ``shape``, C-contiguous (a copy only when
+    it is not).
+
+    Raises:
+        ValueError: another shape ("<kernel>: <name> has shape ..."). TypeError: not float32.
+    """
+    if tuple(array.shape) != shape:
+        raise ValueError(f"{kernel}: {name} has shape {tuple(array.shape)}, the plan was made "
+                         f"for {shape}")
+    if array.dtype != numpy.float32:
+        raise TypeError(f"{kernel}: {name} must be float32, got {array.dtype}")
+    return array if array.flags.c_contiguous else xp.ascontiguousarray(array)
 
 
 class CupyDevice:

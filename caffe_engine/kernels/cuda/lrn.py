@@ -27,7 +27,7 @@ plan's array code, which works on CuPy arrays).
 """
 import numpy
 
-from .device import float32, int32
+from .device import INDEX_LIMIT, float32, int32, operand
 from .source import Source
 
 SOURCE = Source("lrn", r"""
@@ -104,8 +104,6 @@ extern "C" __global__ void ce_lrn_across_backward(const int n, const float* x, c
 """, ("ce_lrn_across_forward", "ce_lrn_across_backward"))
 
 f32 = numpy.float32
-#: the kernels index with C ints
-INDEX_LIMIT = 2 ** 31
 
 
 def make_plan(device, geometry):
@@ -122,17 +120,6 @@ def make_plan(device, geometry):
     if count >= INDEX_LIMIT:
         return None
     return LRNPlan(device, geometry)
-
-
-def _operand(xp, array, shape, name):
-    """``array`` as the kernels take it: float32 of ``shape``, C-contiguous (a copy only when
-    it is not)."""
-    if tuple(array.shape) != shape:
-        raise ValueError(f"LRN: {name} has shape {tuple(array.shape)}, the plan was made for "
-                         f"{shape}")
-    if array.dtype != f32:
-        raise TypeError(f"LRN: {name} must be float32, got {array.dtype}")
-    return array if array.flags.c_contiguous else xp.ascontiguousarray(array)
 
 
 class LRNPlan:
@@ -172,8 +159,8 @@ class LRNPlan:
     def forward(self, x, y):
         """``y`` = ``x * scale ** -beta``; keeps the scale."""
         xp = self.device.xp
-        xc = _operand(xp, x, self.shape, "x")
-        yc = _operand(xp, y, self.shape, "y")
+        xc = operand(xp, x, self.shape, "LRN", "x")
+        yc = operand(xp, y, self.shape, "LRN", "y")
         if self.scale is None:
             self.scale = xp.empty(self.shape, f32)
         n = self.threads
@@ -188,10 +175,10 @@ class LRNPlan:
         if self.scale is None:
             raise RuntimeError("LRN: backward needs the scale of a forward call")
         xp = self.device.xp
-        xc = _operand(xp, x, self.shape, "x")
-        yc = _operand(xp, y, self.shape, "y")
-        dyc = _operand(xp, dy, self.shape, "dy")
-        dxc = _operand(xp, dx, self.shape, "dx")
+        xc = operand(xp, x, self.shape, "LRN", "x")
+        yc = operand(xp, y, self.shape, "LRN", "y")
+        dyc = operand(xp, dy, self.shape, "LRN", "dy")
+        dxc = operand(xp, dx, self.shape, "LRN", "dx")
         n = self.threads
         self.device.launch(SOURCE, "ce_lrn_across_backward", n, int32(n), xc, yc, dyc,
                            self.scale, int32(self.channels), int32(self.positions),

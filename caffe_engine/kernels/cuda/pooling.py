@@ -26,7 +26,7 @@ bits.
 import numpy
 
 from ...proto import caffe_pb2
-from .device import int32
+from .device import INDEX_LIMIT, int32, operand
 from .source import Source
 
 SOURCE = Source("pooling", r"""
@@ -159,11 +159,8 @@ extern "C" __global__ void ce_ave_pool_backward(const int n, const float* dy, co
 """, ("ce_max_pool_forward", "ce_ave_pool_forward", "ce_max_pool_backward",
       "ce_ave_pool_backward"))
 
-f32 = numpy.float32
 MAX = caffe_pb2.PoolingParameter.MAX
 AVE = caffe_pb2.PoolingParameter.AVE
-#: the kernels index with C ints
-INDEX_LIMIT = 2 ** 31
 
 
 def make_plan(device, geometry):
@@ -178,17 +175,6 @@ def make_plan(device, geometry):
     if planes * max(g.in_hw[0] * g.in_hw[1], g.out_hw[0] * g.out_hw[1]) >= INDEX_LIMIT:
         return None
     return PoolPlan(device, geometry)
-
-
-def _operand(xp, array, shape, name):
-    """``array`` as the kernels take it: float32 of ``shape``, C-contiguous (a copy only when
-    it is not)."""
-    if tuple(array.shape) != shape:
-        raise ValueError(f"pooling: {name} has shape {tuple(array.shape)}, the plan was made "
-                         f"for {shape}")
-    if array.dtype != f32:
-        raise TypeError(f"pooling: {name} must be float32, got {array.dtype}")
-    return array if array.flags.c_contiguous else xp.ascontiguousarray(array)
 
 
 class PoolPlan:
@@ -221,13 +207,13 @@ class PoolPlan:
     def forward(self, x, y, mask=None):
         """``y`` = the pooled ``x``; MAX also records the argmax (and fills ``mask``)."""
         xp = self.device.xp
-        xc = _operand(xp, x, self.in_shape, "x")
-        yc = _operand(xp, y, self.out_shape, "y")
+        xc = operand(xp, x, self.in_shape, "pooling", "x")
+        yc = operand(xp, y, self.out_shape, "pooling", "y")
         n = yc.size
         if self.is_max:
             if self.argmax is None:
                 self.argmax = xp.empty(self.out_shape, numpy.int32)
-            mc = None if mask is None else _operand(xp, mask, self.out_shape, "mask")
+            mc = None if mask is None else operand(xp, mask, self.out_shape, "pooling", "mask")
             self.device.launch(SOURCE, "ce_max_pool_forward", n, int32(n), xc, *self.dims[:4],
                                *self.dims[4:], yc, self.argmax, yc if mc is None else mc,
                                int32(mc is not None))
@@ -241,8 +227,8 @@ class PoolPlan:
     def backward(self, dy, dx):
         """``dx`` = the gradient with respect to the pooled input (overwritten)."""
         xp = self.device.xp
-        dyc = _operand(xp, dy, self.out_shape, "dy")
-        dxc = _operand(xp, dx, self.in_shape, "dx")
+        dyc = operand(xp, dy, self.out_shape, "pooling", "dy")
+        dxc = operand(xp, dx, self.in_shape, "pooling", "dx")
         n = dxc.size
         if self.is_max:
             if self.argmax is None:
