@@ -13,6 +13,7 @@ import numpy
 from numba import njit
 
 from . import simd
+from .neuron import relu, relu_grad
 
 f32 = numpy.float32
 #: Arrays of at least this many floats are split between threads.
@@ -114,22 +115,6 @@ def _centered_square_sums(x, mean, out, work, C, inner, t, parts):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _relu(v, slope):
-    # as neuron._relu_forward
-    if slope == f32(0):
-        return v if (v > f32(0) or v != v) else f32(0)
-    return v if v > f32(0) else v * slope
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _relu_grad(g, y, slope):
-    # as neuron._relu_backward, at the ReLU's top (in place: its bottom)
-    if slope == f32(0):
-        return g * (f32(1) if y > f32(0) else f32(0))
-    return g if y > f32(0) else g * slope
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def _normalize_affine(x, mean, std, scale, has_scale, bias, has_bias, slope, has_relu, x_norm,
                       y, C, inner, t, parts):
     planes = x.shape[0] // inner
@@ -148,7 +133,7 @@ def _normalize_affine(x, mean, std, scale, has_scale, bias, has_bias, slope, has
                 if has_bias:
                     v = v + b
             if has_relu:
-                v = _relu(v, slope)
+                v = relu(v, slope)
             y[i] = v
 
 
@@ -170,7 +155,7 @@ def _backward_sums(dy, y, x_norm, scale, has_scale, slope, has_relu, sums, work,
         base = numba.uint64(p * inner)
         for k in range(n):
             g = dy[base + k]
-            g0[k] = _relu_grad(g, y[base + k], slope) if has_relu else g
+            g0[k] = relu_grad(g, y[base + k], slope) if has_relu else g
         for k in range(n):
             g1[k] = g0[k] * x_norm[base + k]
         for k in range(n):
@@ -194,7 +179,7 @@ def _backward_data(dy, y, x_norm, scale, has_scale, slope, has_relu, dot, total,
         for i in range(base, base + numba.uint64(inner)):
             g = dy[i]
             if has_relu:
-                g = _relu_grad(g, y[i], slope)
+                g = relu_grad(g, y[i], slope)
             d = g * a if has_scale else g
             if batch:
                 v = x_norm[i] * dt

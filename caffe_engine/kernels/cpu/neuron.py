@@ -13,26 +13,34 @@ f32 = numpy.float32
 PARALLEL_MIN = 1 << 15
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def relu(v, slope):
+    """ReLU of one value: ``v`` where ``v > 0`` (or NaN), else 0 or ``v * slope``."""
+    if slope == f32(0):
+        return v if (v > f32(0) or v != v) else f32(0)
+    return v if v > f32(0) else v * slope
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def relu_grad(g, x, slope):
+    """ReLU's gradient of one value: ``g`` times 1 where ``x > 0``, else 0 (or ``slope``)."""
+    if slope == f32(0):
+        return g * (f32(1) if x > f32(0) else f32(0))
+    return g if x > f32(0) else g * slope
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _relu_forward(x, y, slope, t, threads):
     n = x.shape[0]
     for i in range(numba.uint64(n * t // threads), numba.uint64(n * (t + 1) // threads)):
-        v = x[i]
-        if slope == f32(0):
-            y[i] = v if (v > f32(0) or v != v) else f32(0)
-        else:
-            y[i] = v if v > f32(0) else v * slope
+        y[i] = relu(x[i], slope)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _relu_backward(x, dy, dx, slope, t, threads):
     n = x.shape[0]
     for i in range(numba.uint64(n * t // threads), numba.uint64(n * (t + 1) // threads)):
-        g = dy[i]
-        if slope == f32(0):
-            dx[i] = g * (f32(1) if x[i] > f32(0) else f32(0))
-        else:
-            dx[i] = g if x[i] > f32(0) else g * slope
+        dx[i] = relu_grad(dy[i], x[i], slope)
 
 
 def relu_forward(x, y, negative_slope, team):

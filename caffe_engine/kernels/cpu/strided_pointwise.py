@@ -97,6 +97,8 @@ class StridedPointwisePlan:
 
     def weight_grad(self, x, dy, dw):
         """``dw +=`` the gradient with respect to the weights."""
+        # gathered again: the workspace slot the forward used is every layer's in between
+        # (keeping a gathered copy per layer would cost a quarter of its input's memory)
         self.inner.weight_grad(self._gathered(x), dy, dw)
 
     def bias_grad(self, dy, db):
