@@ -45,6 +45,9 @@ class CpuTuning:
             convolution of the top diff with the flipped filters), "col2im" (W^T dy, then
             the scattered adds), or "auto" (the cheaper by :func:`.conv.flip_pays`).
         gemm_kc: rows of B per packed slice in InnerProduct's GEMM (:mod:`.gemm`).
+        gemm_pack_bytes: most bytes of B that GEMM packs at a time, per thread (whole column
+            panels of ``gemm_kc`` rows; 4 MiB: a share of the L3 cache, and the scratch memory
+            stays small when C is wide).
         handoff_spin: seconds a thread of the team polls for the next hand-off before it
             sleeps (:mod:`.team`; 0: sleep at once).
     """
@@ -60,6 +63,7 @@ class CpuTuning:
     interleave_cost: float = 1.4e-9
     backward_data: str = "auto"
     gemm_kc: int = 1024
+    gemm_pack_bytes: int = 4 << 20
     handoff_spin: float = 100e-6
 
     @classmethod
