@@ -474,6 +474,10 @@ class Net:
         The loss is ``sum_j <top_j, diff_j>`` over the loss tops in layer order, accumulated in
         float32 from 0 (Caffe's Net::ForwardFromTo).
         """
+        if (start == 0 and self._diff_plan is not None
+                and self._diff_plan != diff_sharing.signature(self)):
+            diff_sharing.plan(self, saved=True)
+            self._diff_plan = diff_sharing.signature(self)
         loss = self._forward_loss_on_device(start, end)
         if not to_host:
             return loss
@@ -519,15 +523,20 @@ class Net:
     def share_diff_memory(self):
         """From the next backward on, let blobs whose gradients are not live at the same time
         share diff memory (see :mod:`caffe_engine.diff_sharing`; the solver does this for its
-        train net). Params' and loss tops' diffs keep their own memory; intermediate blobs'
-        diffs are no longer all meaningful after ``backward``."""
+        train net), and what layers keep from forward to backward with them. Params' and loss
+        tops' diffs keep their own memory; intermediate blobs' diffs are no longer all
+        meaningful after ``backward``."""
         self._diff_plan = ()
 
     def backward_from_to(self, start=None, end=0):
         """Run backward from layer index ``start`` (default last) down to ``end`` (inclusive)."""
-        if self._diff_plan is not None and self._diff_plan != diff_sharing.signature(self):
-            diff_sharing.plan(self)
-            self._diff_plan = diff_sharing.signature(self)
+        if self._diff_plan is not None:
+            shapes = diff_sharing.signature(self)
+            if self._diff_plan not in (shapes, ("diffs only", shapes)):
+                # a reshape since the forward: what forward saved stays where it is, and the
+                # next forward from the first layer plans both again
+                diff_sharing.plan(self, saved=False)
+                self._diff_plan = ("diffs only", shapes)
         start = len(self.layers) - 1 if start is None else start
         before, after = self._hooks_of["before_backward"], self._hooks_of["after_backward"]
         i = start + 1

@@ -104,6 +104,17 @@ class Layer:
     def backward(self, top, propagate_down, bottom):
         """Default for layers without gradients: nothing to propagate."""
 
+    def saved_bytes(self):
+        """Bytes of state that ``forward`` writes for ``backward`` to read and that the net
+        may place in memory of its choosing (:meth:`keep_saved_in`); 0: none. The solver's
+        train net puts it in the gradient memory it shares (:mod:`caffe_engine.diff_sharing`);
+        pycaffe sees no blob of it, as in Caffe (e.g. pooling's ``max_idx_``)."""
+        return 0
+
+    def keep_saved_in(self, buffer):
+        """From the next ``forward`` on, keep the :meth:`saved_bytes` state in ``buffer`` (a
+        flat array of at least that many bytes, on the blobs' device)."""
+
     # -- driven by the net -------------------------------------------------------------------
     def setup(self, bottom, top):
         """Check arity, run ``layer_setup`` and ``reshape``, then set loss weights (Caffe's SetUp)."""

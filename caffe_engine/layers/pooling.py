@@ -122,6 +122,13 @@ class PoolingLayer(Layer):
                              "(Caffe: 'Not Implemented Yet'); use MAX or AVE")
         self.plan.forward(bottom[0].data, top[0].data, top[1].data if len(top) > 1 else None)
 
+    def saved_bytes(self):
+        """MAX pooling's argmax (Caffe's ``max_idx_``), int32 (N, C, PH, PW)."""
+        return 0 if self.plan is None else self.plan.saved_bytes
+
+    def keep_saved_in(self, buffer):
+        self.plan.keep_saved_in(buffer)
+
     def backward(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return

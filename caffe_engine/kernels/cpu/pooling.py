@@ -15,7 +15,6 @@ and cells outside the input left out lane by lane:
 Results equal the reference kernels' bit for bit. The parts of a call split the (image, channel)
 planes.
 """
-import numba
 import numpy
 from numba import njit
 
@@ -154,14 +153,23 @@ class PoolPlan:
         self.dims = g.in_hw + g.out_hw
         self.window = g.kernel + g.stride + g.pad
         self.is_max = g.method == 0
-        self.argmax = numpy.empty(self.planes * g.out_hw[0] * g.out_hw[1], numpy.int32)
+        self.argmax = None
+        #: bytes of the argmax ``forward`` keeps for ``backward`` (0: AVE keeps nothing)
+        self.saved_bytes = 4 * self.planes * g.out_hw[0] * g.out_hw[1] if self.is_max else 0
         self.divisor = ave_divisors(g.in_hw, g.out_hw, g.kernel, g.stride, g.pad).reshape(-1)
         # ave_backward's scratch per part: a plane's rows, parts a cache line apart
         self.share_floats = (g.out_hw[0] * spread_row(g.in_hw[1], g.out_hw[1], g.kernel[1],
                                                       g.stride[1], g.pad[1]) + 16)
 
+    def keep_saved_in(self, buffer):
+        """Keep the argmax in ``buffer`` (a flat array of at least :attr:`saved_bytes` bytes)
+        from the next ``forward`` on, instead of memory of the plan's own."""
+        self.argmax = buffer.view(numpy.uint8)[:self.saved_bytes].view(numpy.int32)
+
     def forward(self, x, y, mask=None):
         if self.is_max:
+            if self.argmax is None:
+                self.argmax = numpy.empty(self.saved_bytes // 4, numpy.int32)
             self.team.run(max_forward, x.reshape(-1), y.reshape(-1), self.argmax, self.planes,
                           *self.dims, *self.window)
             if mask is not None:
@@ -172,6 +180,8 @@ class PoolPlan:
 
     def backward(self, dy, dx):
         if self.is_max:
+            if self.argmax is None:
+                raise RuntimeError("pooling: MAX backward needs the argmax of a forward call")
             self.team.run(max_backward, dy.reshape(-1), self.argmax, dx.reshape(-1), self.planes,
                           *self.dims)
         else:

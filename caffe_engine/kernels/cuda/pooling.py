@@ -203,6 +203,14 @@ class PoolPlan:
         self.dims = tuple(int32(v) for v in (tuple(g.in_hw) + tuple(g.out_hw) + tuple(g.kernel)
                                               + tuple(g.stride) + tuple(g.pad)))
         self.argmax = None
+        #: bytes of the argmax ``forward`` keeps for ``backward`` (0: AVE keeps nothing)
+        self.saved_bytes = 4 * int(numpy.prod(self.out_shape)) if self.is_max else 0
+
+    def keep_saved_in(self, buffer):
+        """Keep the argmax in ``buffer`` (a flat device array of at least :attr:`saved_bytes`
+        bytes) from the next ``forward`` on, instead of memory of the plan's own."""
+        self.argmax = (buffer.view(numpy.uint8)[:self.saved_bytes].view(numpy.int32)
+                       .reshape(self.out_shape))
 
     def forward(self, x, y, mask=None):
         """``y`` = the pooled ``x``; MAX also records the argmax (and fills ``mask``)."""

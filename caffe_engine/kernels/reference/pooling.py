@@ -69,6 +69,12 @@ class PoolPlan:
         (sh, sw), (oh, ow) = g.stride, g.out_hw
         return a[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
 
+    #: The reference makes a new argmax each forward: nothing to place elsewhere.
+    saved_bytes = 0
+
+    def keep_saved_in(self, buffer):
+        """Nothing to keep (:attr:`saved_bytes` is 0)."""
+
     def forward(self, x, y, mask=None):
         """``y`` = the pooled ``x``; MAX also records the argmax (and ``mask``)."""
         xp = get_array_module(x)

@@ -1,0 +1,135 @@
+"""The solver's train net shares intermediate gradients and pooling's argmax in one arena
+(caffe_engine/diff_sharing.py): the same bits as every blob with its own diff, in less memory."""
+import numpy
+import pytest
+
+from caffe_engine import diff_sharing
+from caffe_engine.net import Net
+from caffe_engine.proto import caffe_pb2
+from caffe_engine.solvers import get_solver
+from caffe_engine.io.prototxt import parse_text
+
+POOL_NET = """
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 2 dim: 9 dim: 9 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+        convolution_param { num_output: 5 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool2" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _solver(monkeypatch, share):
+    monkeypatch.setenv("CAFFE_ENGINE_SHARE_DIFFS", "1" if share else "0")
+    param = caffe_pb2.SolverParameter(base_lr=0.05, momentum=0.9, lr_policy="fixed",
+                                      max_iter=100, display=0, random_seed=3,
+                                      snapshot_after_train=False)
+    param.net_param.CopyFrom(parse_text(POOL_NET, caffe_pb2.NetParameter()))
+    return get_solver(param)
+
+
+def _feed(net, batch, seed):
+    rng = numpy.random.default_rng(seed)
+    if net.blobs["data"].shape[0] != batch:
+        net.blobs["data"].reshape(batch, 2, 9, 9)
+        net.blobs["label"].reshape(batch)
+        net.reshape()
+    net.blobs["data"].data[...] = rng.standard_normal((batch, 2, 9, 9), dtype=numpy.float32)
+    net.blobs["label"].data[...] = rng.integers(0, 3, batch)
+
+
+def _params(net):
+    return [p.data.copy() for p in net.learnable_params]
+
+
+def test_shared_training_has_the_same_bits(monkeypatch):
+    runs = []
+    for share in (False, True):
+        solver = _solver(monkeypatch, share)
+        for it, batch in enumerate((4, 4, 6, 6, 4)):   # reshapes in between
+            _feed(solver.net, batch, it)
+            solver.step(1)
+        runs.append(_params(solver.net))
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_argmax_lives_in_the_gradient_arena(monkeypatch):
+    solver = _solver(monkeypatch, True)
+    _feed(solver.net, 4, 0)
+    solver.step(1)
+    net = solver.net
+    arena = net.blobs["conv1"].diff
+    while arena.base is not None:
+        arena = arena.base
+    pools = [layer for layer in net.layers if layer.type == "Pooling"]
+    assert pools and all(layer.saved_bytes() > 0 for layer in pools)
+    for layer in pools:
+        assert numpy.shares_memory(layer.plan.argmax, arena)
+    # the arena is smaller than the gradients and argmaxes it holds, side by side
+    own = sum(b.count for name, b in net.blobs.items() if name not in ("loss",)) * 4
+    own += sum(layer.saved_bytes() for layer in pools)
+    assert arena.nbytes < own
+
+
+def test_a_reshape_between_forward_and_backward_keeps_the_argmax(monkeypatch):
+    """Backward after a forward whose pooling planned anew (a batch change) reads the argmax
+    that forward wrote: bits as without sharing."""
+    grads = []
+    for share in (False, True):
+        solver = _solver(monkeypatch, share)
+        net = solver.net
+        _feed(net, 4, 0)
+        net.forward()
+        net.backward()
+        _feed(net, 6, 1)           # the plan's signature changes; forward from layer 0
+        net.forward()
+        net.backward()
+        grads.append([p.diff.copy() for p in net.learnable_params])
+    for a, b in zip(*grads):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_test_nets_and_plain_nets_keep_their_own_diffs():
+    net = Net(parse_text(POOL_NET, caffe_pb2.NetParameter()), caffe_pb2.TRAIN)
+    net.forward()
+    net.backward()
+    bases = set()
+    for name in ("conv1", "pool1", "conv2", "pool2", "ip"):
+        arr = net.blobs[name].diff
+        while arr.base is not None:
+            arr = arr.base
+        bases.add(id(arr))
+    assert len(bases) == 5
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_placement_never_overlaps_items_live_together(seed):
+    rng = numpy.random.default_rng(seed)
+    items = []
+    for _ in range(int(rng.integers(1, 40))):
+        first = int(rng.integers(0, 50))
+        items.append({"first": first, "last": first + int(rng.integers(0, 20)),
+                      "size": int(rng.integers(1, 1000))})
+    total, offsets = diff_sharing._place(items)
+    assert len(offsets) == len(items)
+    peak = max(sum(g["size"] for g in items if g["first"] <= s <= g["last"])
+               for s in range(0, 80))
+    assert peak <= total <= sum(-(-g["size"] // diff_sharing.ALIGN) * diff_sharing.ALIGN
+                                for g in items)
+    for i, (a, oa) in enumerate(offsets):
+        assert oa % diff_sharing.ALIGN == 0 and oa + a["size"] <= total
+        for b, ob in offsets[i + 1:]:
+            together = not (a["last"] < b["first"] or b["last"] < a["first"])
+            if together:
+                assert oa + a["size"] <= ob or ob + b["size"] <= oa
