@@ -4,8 +4,8 @@ Caffe: src/caffe/layers/base_data_layer.cpp, src/caffe/internal_thread.cpp,
 src/caffe/util/blocking_queue.cpp.
 
 :class:`BatchPrefetcher` is the layer's thread: it calls the layer's ``_load_batch`` into a queue
-of ``prefetch`` batches (Caffe's ``data_param.prefetch``, default 4) and ``forward`` takes the
-oldest. It is started at the end of setup, as Caffe's ``StartInternalThread``. When ``forward``
+that keeps ``prefetch - 1`` batches ready (Caffe's ``data_param.prefetch``, default 4; see
+:func:`queue_depth`) and ``forward`` takes the oldest. It is started at the end of setup, as Caffe's ``StartInternalThread``. When ``forward``
 finds the queue empty it logs Caffe's ``Data layer prefetch queue empty``, once every 1,000
 times (glog's ``LOG_EVERY_N``, counted over all layers of the process as Caffe's one call site),
 and waits; :attr:`BasePrefetchingDataLayer.wait_seconds` adds up the time waited.
@@ -99,7 +99,7 @@ class BatchPrefetcher:
 
     Args:
         owner: the layer.
-        depth: most batches loaded ahead (Caffe's ``data_param.prefetch``), >= 1.
+        depth: most batches the queue holds (:func:`queue_depth`), >= 1.
         name: the thread's name.
     """
 
@@ -180,6 +180,18 @@ class BatchPrefetcher:
         return pending + self._unqueued
 
 
+def queue_depth(prefetch):
+    """Loaded batches the queue holds for ``data_param.prefetch`` = ``prefetch`` (>= 1).
+
+    Caffe's ``prefetch`` buffers hold the batch in the top and up to ``prefetch - 1`` loaded
+    ones, its thread waiting for a free buffer before it loads. Here the thread loads, then
+    waits for room in the queue holding the batch, and the top holds one more: a queue of
+    ``prefetch - 2`` (at least 1) keeps ``prefetch - 1`` batches ready and ``prefetch``
+    buffers in all, as Caffe's, from ``prefetch`` 3 on (the default 4: 77 MB, not 115, for
+    VGG-16's batch of 32)."""
+    return max(1, int(prefetch) - 2)
+
+
 @atexit.register
 def _stop_all_prefetchers():
     for prefetcher in list(_live_prefetchers):
@@ -246,12 +258,14 @@ class BasePrefetchingDataLayer(Layer):
         """Caffe's SetUp, then the prefetch thread starts (``StartInternalThread``)."""
         self._sync()
         super().setup(bottom, top)
-        self._staging = staging_for(top[0].data, slots=max(self.prefetch, 0) + 2)
+        queued = queue_depth(self.prefetch) if self.prefetch > 0 else 0
+        self._staging = staging_for(top[0].data, slots=queued + 2)
         if self.prefetch > 0:
             self._start()
 
     def _start(self):
-        self._prefetcher = BatchPrefetcher(self, self.prefetch, f"prefetch:{self.name}")
+        self._prefetcher = BatchPrefetcher(self, queue_depth(self.prefetch),
+                                           f"prefetch:{self.name}")
 
     def reshape(self, bottom, top):
         """Nothing to do: the tops take each batch's shape in :meth:`forward` (as in Caffe)."""
