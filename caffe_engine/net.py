@@ -1074,26 +1074,6 @@ class Net:
         return [self.blob_names[b] for b in self.bottom_ids[self._layer_index_of(layer_name)]]
 
 
-def deal_records(net, rank, count):
-    """Make every layer of ``net`` that can skip records (``solver_count`` / ``solver_rank``
-    attributes: Data, HDF5Data) keep only record i with i % count == rank.
-
-    Caffe: src/caffe/layers/data_layer.cpp (``DataLayer::Skip``, reading
-    ``Caffe::solver_count`` / ``solver_rank``); the layers keep reading everything in the TEST
-    phase. ``net`` needs only ``layer_names`` and ``layers``.
-
-    Returns:
-        list of str: the names of the layers configured, in layer order.
-    """
-    names = []
-    for name, layer in zip(net.layer_names, net.layers):
-        if hasattr(layer, "solver_count") and hasattr(layer, "solver_rank"):
-            layer.solver_count = int(count)
-            layer.solver_rank = int(rank)
-            names.append(name)
-    return names
-
-
 class _LossWeights(collections.OrderedDict):
     """pycaffe's ``blob_loss_weights`` dict (name -> weight); an int key still reads the weight
     of the blob with that index, for callers written against the earlier list."""
