@@ -30,7 +30,8 @@ from .proto import caffe_pb2
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
 
-#: The per-layer moments a hook can run at (:meth:`Net.add_hook`; Caffe's Net::Callback points).
+#: The per-layer moments a hook can run at, each added by the method of its name
+#: (:meth:`Net.before_forward` ...; Caffe's Net::Callback points).
 HOOK_EVENTS = ("before_forward", "after_forward", "before_backward", "after_backward")
 
 
@@ -188,7 +189,7 @@ class Net:
         blob_loss_weights, top_names, bottom_names, layer_dict: pycaffe's OrderedDicts (see
             the pycaffe surface section); ``_blob_loss_weights`` is the list by blob index.
         hooks: the per-layer hooks, ``(event, callback)`` in the order added (one list for
-            the four events; :meth:`add_hook`).
+            the four :data:`HOOK_EVENTS`).
 
     Raises:
         CaffeError: unreadable file, unknown layer type or bottom, bad parameters, weight
@@ -256,9 +257,9 @@ class Net:
         self._param_owner = {}  # ParamSpec name -> (layer index, param index)
         available = collections.OrderedDict()
         self.memory_used = 0
-        self._hooks = []            # (event, callback) in registration order; see add_hook
+        self._hooks = []            # (event, callback) in registration order; see _add_hook
         self._hooks_of = dict.fromkeys(HOOK_EVENTS, ())
-        self._blind_hooks = set()   # ids of callbacks that look at no blob (see add_hook)
+        self._blind_hooks = set()   # ids of callbacks that look at no blob (sees_blobs=False)
         self._empty_warned = set()  # (input, shape) already named by _warn_empty_inputs
         self._diff_plan = None      # see share_diff_memory
 
@@ -568,33 +569,56 @@ class Net:
         or with ``to_host`` False the unread device value (see :meth:`forward_from_to`)."""
         return self.forward_from_to(0, len(self.layers) - 1, to_host=to_host)
 
-    # -- per-layer hooks (Caffe's Net::Callback) ---------------------------------------------
-    def add_hook(self, event, callback, sees_blobs=True):
-        """Run ``callback(layer_index)`` at ``event`` of every layer from now on.
+    # -- per-layer hooks (Caffe's Net::Callback; pycaffe's names) --------------------------------
+    def before_forward(self, callback, sees_blobs=True):
+        """Call ``callback(layer_index)`` before each layer's forward, in layer order, from the
+        next pass on (pycaffe's ``net.before_forward``; Caffe's ``add_before_forward``).
 
         Args:
-            event: one of :data:`HOOK_EVENTS`: ``"before_forward"``, ``"after_forward"``
-                (around each layer's forward, in layer order), ``"before_backward"``,
-                ``"after_backward"`` (around each layer's backward, in backward order, whether
-                or not the layer needs one).
             callback: called with the layer index (int).
+            sees_blobs: False for a hook that reads no blob and no layer state (see
+                :meth:`after_backward`).
 
+        Raises:
+            CaffeError: ``callback`` is not callable.
+        """
+        self._add_hook("before_forward", callback, sees_blobs)
+
+    def after_forward(self, callback, sees_blobs=True):
+        """Call ``callback(layer_index)`` after each layer's forward (pycaffe's
+        ``net.after_forward``); as :meth:`before_forward`."""
+        self._add_hook("after_forward", callback, sees_blobs)
+
+    def before_backward(self, callback, sees_blobs=True):
+        """Call ``callback(layer_index)`` before each layer's backward, in backward order,
+        whether or not the layer needs one (pycaffe's ``net.before_backward``); as
+        :meth:`after_backward`."""
+        self._add_hook("before_backward", callback, sees_blobs)
+
+    def after_backward(self, callback, sees_blobs=True):
+        """Call ``callback(layer_index)`` after each layer's backward, in backward order,
+        whether or not the layer needs one (pycaffe's ``net.after_backward``; Caffe's
+        ``add_after_backward``, where the gradient buckets of :mod:`caffe_engine.comm.buckets`
+        launch their allreduce).
+
+        Args:
+            callback: called with the layer index (int).
             sees_blobs: False for a hook that reads no blob and no layer state, only the
                 params of finished layers (the engine's gradient buckets and backward timer):
                 then a BatchNorm+Scale+ReLU chain (:mod:`caffe_engine.layers.batch_norm_chain`)
                 still runs backward as one, the hooks called for its last layer around it and
-                for the others after it. Any hook that may see blobs keeps every layer apart.
+                for the others after it. Any hook that may see blobs keeps every layer apart
+                (and any forward hook keeps the chain's forward apart).
 
         Hooks of one event run in the order they were added. A hook added while a pass runs
-        takes effect from the next pass. Caffe: include/caffe/net.hpp (``Net::Callback``,
-        ``add_before_forward`` ... ``add_after_backward``); the gradient buckets
-        (:mod:`caffe_engine.comm.buckets`) launch their allreduce from ``after_backward``.
+        takes effect from the next pass.
 
         Raises:
-            CaffeError: an unknown event or a callback that is not callable.
+            CaffeError: ``callback`` is not callable.
         """
-        if event not in HOOK_EVENTS:
-            raise CaffeError(f"net hook: unknown event {event!r} (known: {', '.join(HOOK_EVENTS)})")
+        self._add_hook("after_backward", callback, sees_blobs)
+
+    def _add_hook(self, event, callback, sees_blobs):
         if not callable(callback):
             raise CaffeError(f"net hook: the {event} callback must be callable, got "
                              f"{type(callback).__name__}")
@@ -605,26 +629,8 @@ class Net:
 
     @property
     def hooks(self):
-        """The per-layer hooks, ``(event, callback)`` in the order added (a tuple; see
-        :meth:`add_hook`)."""
+        """The per-layer hooks, ``(event, callback)`` in the order added (a tuple)."""
         return tuple(self._hooks)
-
-    def add_before_forward(self, callback):
-        """Caffe's ``add_before_forward``: ``add_hook("before_forward", callback)``."""
-        self.add_hook("before_forward", callback)
-
-    def add_after_forward(self, callback):
-        """Caffe's ``add_after_forward``: ``add_hook("after_forward", callback)``."""
-        self.add_hook("after_forward", callback)
-
-    def add_before_backward(self, callback):
-        """Caffe's ``add_before_backward``: ``add_hook("before_backward", callback)``."""
-        self.add_hook("before_backward", callback)
-
-    def add_after_backward(self, callback):
-        """Caffe's ``add_after_backward``: ``add_hook("after_backward", callback)``; gradient
-        buckets launch their allreduce here."""
-        self.add_hook("after_backward", callback)
 
     def forward_backward(self, to_host=True):
         """One forward and one backward pass; returns the float32 loss (with ``to_host``
@@ -971,26 +977,6 @@ class Net:
         self._warn_empty_inputs()
         for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
             layer.reshape(bottom, top)
-
-    def before_forward(self, callback):
-        """pycaffe's ``net.before_forward(fn)``: ``fn(layer_index)`` before each layer's forward
-        (:meth:`add_hook` ``"before_forward"``)."""
-        self.add_hook("before_forward", callback)
-
-    def after_forward(self, callback):
-        """pycaffe's ``net.after_forward(fn)``: ``fn(layer_index)`` after each layer's forward
-        (:meth:`add_hook` ``"after_forward"``)."""
-        self.add_hook("after_forward", callback)
-
-    def before_backward(self, callback):
-        """pycaffe's ``net.before_backward(fn)``: ``fn(layer_index)`` before each layer's
-        backward (:meth:`add_hook` ``"before_backward"``)."""
-        self.add_hook("before_backward", callback)
-
-    def after_backward(self, callback):
-        """pycaffe's ``net.after_backward(fn)``: ``fn(layer_index)`` after each layer's backward
-        (:meth:`add_hook` ``"after_backward"``)."""
-        self.add_hook("after_backward", callback)
 
     def share_with(self, other):
         """pycaffe's ``net.share_with(other)``: view ``other``'s params by layer name."""
