@@ -18,9 +18,9 @@ the last wins; the ``.caffemodel`` path searches ``layer_names_`` and takes the 
 WARNING naming the layer. Caffe cannot write such a net to HDF5 (Net::ToHDF5's second group of
 one name fails: "Error saving weights"); neither can we (one-line CaffeError).
 
-Loading is :meth:`caffe_engine.net.Net.copy_from`'s (one loader for both formats; paths ending
-in ``.h5`` are read here by :func:`read_hdf5_weights`, as Caffe's CopyTrainedLayersFrom picks
-HDF5 by the name); this module only reads and writes the files.
+Loading is :func:`caffe_engine.io.weights.copy_from`'s (one loader for both formats; paths
+:func:`is_hdf5_weights` accepts are read here by :func:`read_hdf5_weights`); this module only
+reads and writes the files.
 """
 import contextlib
 
@@ -28,7 +28,6 @@ import numpy
 
 from .. import backend
 from ..errors import CaffeError
-from ..log import logger
 
 
 def _open(path, mode):
@@ -112,7 +111,7 @@ def save_hdf5_weights(net, path, write_diff=False):
             for g, attr in zip(groups, ("data", "diff")):
                 layer_group = g.create_group(name)
                 for k, blob in enumerate(layer.blobs):
-                    if attr == "data" and net.param_is_shared_view(i, k):
+                    if attr == "data" and param_is_shared_view(net, i, k):
                         continue  # only a param's owner stores its values; diffs always
                     layer_group.create_dataset(str(k), data=backend.to_numpy(getattr(blob, attr))
                                                .astype(numpy.float32))
@@ -134,6 +133,11 @@ def is_hdf5_weights(path):
     return str(path).endswith(".h5")
 
 
-def _shape_str(shape):
-    count = int(numpy.prod(shape)) if len(shape) else 1
-    return " ".join(str(d) for d in shape) + f" ({count})"
+def param_is_shared_view(net, layer_index, k):
+    """Whether param ``k`` of ``net``'s layer ``layer_index`` is a view of another layer's
+    param (``param { name: ... }`` sharing): only the owner's values are stored in HDF5."""
+    lp = net.layers[layer_index].param
+    if k >= len(lp.param) or not lp.param[k].name:
+        return False
+    owner = getattr(net, "_param_owner", {}).get(lp.param[k].name)
+    return owner is not None and owner != (layer_index, k)
