@@ -44,7 +44,7 @@ class Net(PycaffeNet):
             ``level=2`` is passed. For a NetParameter its ``state`` is kept, with ``level``
             (if non-zero) and ``stages`` (if given) replacing its own (the solver passes its
             merged train/test state this way).
-        weights: optional ``.caffemodel`` (or ``.h5``) path whose params are copied in by
+        weights: optional ``.caffemodel`` (or HDF5) path whose params are copied in by
             layer name. The positional order is pycaffe's: model, phase, level, stages, weights.
 
     Attributes:
@@ -317,8 +317,8 @@ class Net(PycaffeNet):
 
     # -- weights (Caffe's net.cpp names; the work is caffe_engine.io.weights') -------------------
     def copy_from(self, source):
-        """Copy params by layer name from a ``.caffemodel``, a ``.caffemodel.h5`` or a
-        NetParameter (Caffe's CopyTrainedLayersFrom; pycaffe's ``copy_from``).
+        """Copy params by layer name from a ``.caffemodel``, an HDF5 weights file (whatever its
+        name) or a NetParameter (Caffe's CopyTrainedLayersFrom; pycaffe's ``copy_from``).
 
         Returns:
             list of the layer names copied, in source order.

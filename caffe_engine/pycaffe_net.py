@@ -197,16 +197,17 @@ class PycaffeNet:
         weights.share_trained_layers_with(self, other)
 
     def save_hdf5(self, path, write_diff=False):
-        """Write the weights in Caffe's HDF5 layout to ``path`` (pycaffe's ``save_hdf5``;
-        :func:`caffe_engine.io.weights.save_hdf5`)."""
+        """Write the weights in Caffe's HDF5 layout to ``path``, whatever its name (pycaffe's
+        ``save_hdf5``; :func:`caffe_engine.io.weights.save_hdf5`)."""
         weights.save_hdf5(self, path, write_diff)
 
     def load_hdf5(self, path):
-        """Copy weights by layer name from the HDF5 file ``path`` (pycaffe's ``load_hdf5``;
-        :func:`caffe_engine.io.weights.load_hdf5`). Returns the layer names copied.
+        """Copy weights by layer name from the HDF5 file ``path``, whatever its name (pycaffe's
+        ``load_hdf5``; :func:`caffe_engine.io.weights.load_hdf5`). Returns the layer names
+        copied.
 
         Raises:
-            CaffeError: a path not ending in ``.h5``, a missing file, or params that do not fit.
+            CaffeError: the file is missing or not HDF5, or its params do not fit.
         """
         return weights.load_hdf5(self, path)
 

@@ -18,11 +18,13 @@ the last wins; the ``.caffemodel`` path searches ``layer_names_`` and takes the 
 WARNING naming the layer. Caffe cannot write such a net to HDF5 (Net::ToHDF5's second group of
 one name fails: "Error saving weights"); neither can we (one-line CaffeError).
 
-Loading is :func:`caffe_engine.io.weights.copy_from`'s (one loader for both formats; paths
-:func:`is_hdf5_weights` accepts are read here by :func:`read_hdf5_weights`); this module only
-reads and writes the files.
+Loading is :func:`caffe_engine.io.weights.copy_from`'s (one loader for both formats; a file
+:func:`is_hdf5_weights` finds to be HDF5, whatever its name, is read here by
+:func:`read_hdf5_weights`, as Caffe's CopyTrainedLayersFrom asks ``H5Fis_hdf5``); this module
+only reads and writes the files.
 """
 import contextlib
+import os
 
 import numpy
 
@@ -128,9 +130,33 @@ def check_unique_layer_names(net, path):
         seen.add(name)
 
 
+#: The HDF5 format signature, at the start of the superblock (HDF5 File Format
+#: Specification, "Format Signature").
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
 def is_hdf5_weights(path):
-    """Whether Caffe would read ``path`` as HDF5 weights (its name ends with ``.h5``)."""
-    return str(path).endswith(".h5")
+    """Whether ``path`` holds HDF5 data: Caffe's CopyTrainedLayersFrom asks ``H5Fis_hdf5``,
+    whatever the file's name.
+
+    Like ``H5Fis_hdf5``, looks for :data:`HDF5_SIGNATURE` at offset 0, 512, 1024, 2048, ...
+    (a file may begin with a user block of a power-of-two size of at least 512 bytes). A file
+    that cannot be opened is judged by its name (ending in ``.h5``), so that the error then
+    comes from the reader its name suggests.
+    """
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size  # 0 for a device: only offset 0 is read
+            offset = 0
+            while offset == 0 or offset + len(HDF5_SIGNATURE) <= size:
+                f.seek(offset)
+                if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                    return True
+                offset = max(512, 2 * offset)
+            return False
+    except OSError:
+        return path.endswith(".h5")
 
 
 def param_is_shared_view(net, layer_index, k):

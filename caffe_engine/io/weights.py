@@ -7,7 +7,8 @@ CopyTrainedLayersFromHDF5, ShareTrainedLayersWith, ToProto, ToHDF5). Two formats
   :func:`caffe_engine.io.prototxt.read_binary`, upgraded as Caffe upgrades it);
 - ``.caffemodel.h5``: Caffe's HDF5 layout (:mod:`caffe_engine.io.hdf5_weights`).
 
-Which one a path holds is decided once, by :func:`caffe_engine.io.hdf5_weights.is_hdf5_weights`.
+Which one a file holds is read from its content, as Caffe's CopyTrainedLayersFrom asks
+``H5Fis_hdf5`` (:func:`caffe_engine.io.hdf5_weights.is_hdf5_weights`), so any file name works.
 
 ``net`` here is a built :class:`caffe_engine.net.Net`; these functions read its
 ``layer_names``, ``layers`` (each with ``blobs`` and ``param``) and ``name``.
@@ -26,7 +27,7 @@ from .upgrade import upgrade_net
 
 def copy_from(net, source):
     """Copy params by layer name from a ``.caffemodel``, a ``.caffemodel.h5`` or a
-    NetParameter (Caffe's CopyTrainedLayersFrom).
+    NetParameter (Caffe's CopyTrainedLayersFrom, which picks HDF5 by the file's content).
 
     Layers absent from the source keep their values; source layers absent here are ignored
     (logged). With several layers of one name here, Caffe's two readers differ and so does
@@ -59,19 +60,17 @@ def copy_from(net, source):
 
 
 def load_hdf5(net, path):
-    """Copy params by layer name from the HDF5 weights file ``path`` (Caffe's
-    CopyTrainedLayersFromHDF5, pycaffe's ``load_hdf5``; see :func:`copy_from`).
+    """Copy params by layer name from the HDF5 weights file ``path``, whatever its name
+    (Caffe's CopyTrainedLayersFromHDF5, pycaffe's ``load_hdf5``; see :func:`copy_from`).
 
     Returns:
         list of the layer names copied, in file order.
 
     Raises:
-        CaffeError: a name :func:`is_hdf5_weights` rejects, a missing or damaged file, or
-            params that do not fit (see :func:`copy_from`).
+        CaffeError: the file is missing or not HDF5 ("Couldn't open HDF5 weights file"), or
+            its params do not fit (see :func:`copy_from`).
     """
     where = str(path)
-    if not is_hdf5_weights(where):
-        raise CaffeError(f"{where}: load_hdf5 reads .h5 weights files")
     index = {name: i for i, name in enumerate(net.layer_names)}        # last wins
     return _copy_records(net, read_hdf5_weights(where), index, where, hdf5=True)
 
@@ -155,7 +154,7 @@ def save(net, path, write_diff=False):
 
 
 def save_hdf5(net, path, write_diff=False):
-    """Write the weights in Caffe's HDF5 layout (Net::ToHDF5), atomically.
+    """Write the weights in Caffe's HDF5 layout (Net::ToHDF5), atomically, whatever the name.
 
     Raises:
         CaffeError: two layers share a name, or the folder is not writable.
