@@ -130,8 +130,8 @@ class BackwardTimer:
         self.armed = False
         self._begin = {}
         self.seconds = {}
-        net.add_hook("before_backward", self._before, sees_blobs=False)
-        net.add_hook("after_backward", self._after, sees_blobs=False)
+        net.before_backward(self._before, sees_blobs=False)
+        net.after_backward(self._after, sees_blobs=False)
 
     def start(self):
         self.armed = True

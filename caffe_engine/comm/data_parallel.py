@@ -150,7 +150,7 @@ class DataParallel:
         first_mb = 25.0 if auto else self.bucket_mb
         self.grad_sync = GradientSync(net, self.comm, bucket_mb=first_mb, op="mean",
                                       compress=self.compression)
-        net.add_hook("after_backward", self.grad_sync.on_layer_backward_done, sees_blobs=False)
+        net.after_backward(self.grad_sync.on_layer_backward_done, sees_blobs=False)
         if auto:    # MG-WFBP: planned from the first iterations' backward times
             from .bucket_plan import AutoBuckets
             self.planner = AutoBuckets(net, self.grad_sync, self.comm, log=logger,

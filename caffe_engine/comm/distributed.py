@@ -35,6 +35,7 @@ import numpy
 
 from .. import backend, kernels
 from ..io import workers as data_workers
+from ..layers.record_dealing import deal_records  # noqa: F401  (record i to rank i mod size)
 from . import peer_watch
 from ..errors import CaffeError, one_line
 from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
@@ -149,19 +150,6 @@ def rank_seed(random_seed, rank):
 def record_indices(num_records, rank, size):
     """Indices of the records rank ``rank`` reads in one pass: i with i % size == rank."""
     return range(int(rank), int(num_records), int(size))
-
-
-def deal_records(net, rank, size):
-    """Make every layer of ``net`` that can skip records (``solver_count`` / ``solver_rank``
-    attributes, e.g. Data) read only record i with i % size == rank (Caffe's ``DataLayer::Skip``;
-    the layer itself keeps reading everything in the TEST phase). The solver does this itself
-    whenever its ``solver_count`` exceeds 1 (:func:`caffe_engine.net.deal_records`).
-
-    Returns:
-        the names of the layers configured.
-    """
-    from ..net import deal_records as deal
-    return deal(net, rank, size)
 
 
 # --------------------------------------------------------------------------------------------

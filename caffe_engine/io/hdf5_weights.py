@@ -18,17 +18,18 @@ the last wins; the ``.caffemodel`` path searches ``layer_names_`` and takes the 
 WARNING naming the layer. Caffe cannot write such a net to HDF5 (Net::ToHDF5's second group of
 one name fails: "Error saving weights"); neither can we (one-line CaffeError).
 
-Loading is :meth:`caffe_engine.net.Net.copy_from`'s (one loader for both formats; paths ending
-in ``.h5`` are read here by :func:`read_hdf5_weights`, as Caffe's CopyTrainedLayersFrom picks
-HDF5 by the name); this module only reads and writes the files.
+Loading is :func:`caffe_engine.io.weights.copy_from`'s (one loader for both formats; a file
+:func:`is_hdf5_weights` finds to be HDF5, whatever its name, is read here by
+:func:`read_hdf5_weights`, as Caffe's CopyTrainedLayersFrom asks ``H5Fis_hdf5``); this module
+only reads and writes the files.
 """
 import contextlib
+import os
 
 import numpy
 
 from .. import backend
 from ..errors import CaffeError
-from ..log import logger
 
 
 def _open(path, mode):
@@ -112,7 +113,7 @@ def save_hdf5_weights(net, path, write_diff=False):
             for g, attr in zip(groups, ("data", "diff")):
                 layer_group = g.create_group(name)
                 for k, blob in enumerate(layer.blobs):
-                    if attr == "data" and net.param_is_shared_view(i, k):
+                    if attr == "data" and param_is_shared_view(net, i, k):
                         continue  # only a param's owner stores its values; diffs always
                     layer_group.create_dataset(str(k), data=backend.to_numpy(getattr(blob, attr))
                                                .astype(numpy.float32))
@@ -129,11 +130,40 @@ def check_unique_layer_names(net, path):
         seen.add(name)
 
 
+#: The HDF5 format signature, at the start of the superblock (HDF5 File Format
+#: Specification, "Format Signature").
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
 def is_hdf5_weights(path):
-    """Whether Caffe would read ``path`` as HDF5 weights (its name ends with ``.h5``)."""
-    return str(path).endswith(".h5")
+    """Whether ``path`` holds HDF5 data: Caffe's CopyTrainedLayersFrom asks ``H5Fis_hdf5``,
+    whatever the file's name.
+
+    Like ``H5Fis_hdf5``, looks for :data:`HDF5_SIGNATURE` at offset 0, 512, 1024, 2048, ...
+    (a file may begin with a user block of a power-of-two size of at least 512 bytes). A file
+    that cannot be opened is judged by its name (ending in ``.h5``), so that the error then
+    comes from the reader its name suggests.
+    """
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size  # 0 for a device: only offset 0 is read
+            offset = 0
+            while offset == 0 or offset + len(HDF5_SIGNATURE) <= size:
+                f.seek(offset)
+                if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                    return True
+                offset = max(512, 2 * offset)
+            return False
+    except OSError:
+        return path.endswith(".h5")
 
 
-def _shape_str(shape):
-    count = int(numpy.prod(shape)) if len(shape) else 1
-    return " ".join(str(d) for d in shape) + f" ({count})"
+def param_is_shared_view(net, layer_index, k):
+    """Whether param ``k`` of ``net``'s layer ``layer_index`` is a view of another layer's
+    param (``param { name: ... }`` sharing): only the owner's values are stored in HDF5."""
+    lp = net.layers[layer_index].param
+    if k >= len(lp.param) or not lp.param[k].name:
+        return False
+    owner = getattr(net, "_param_owner", {}).get(lp.param[k].name)
+    return owner is not None and owner != (layer_index, k)

@@ -19,7 +19,7 @@ layers run one by one, as they always can.
 
 A chain is: a BatchNorm in place (top = bottom), then optionally a Scale in place on that blob
 with one bottom, a learned per-channel scale (``axis: 1``, ``num_axes: 1``) and the BatchNorm's
-``x_norm`` as its saved input (:meth:`caffe_engine.net.Net._share_saved_inputs`), then
+``x_norm`` as its saved input (:func:`caffe_engine.graph.share_saved_inputs`), then
 optionally a ReLU in place on it; at least two layers, none with a loss weight. Backward runs
 together only when every layer of it propagates down.
 """

@@ -1,6 +1,6 @@
 """Split: one bottom shared by several tops, whose gradients are summed on the way back.
 
-Caffe: src/caffe/layers/split_layer.cpp. Inserted by ``net.insert_splits`` wherever a blob
+Caffe: src/caffe/layers/split_layer.cpp. Inserted by ``graph.insert_splits`` wherever a blob
 feeds more than one layer; can also be written explicitly. Tops view the bottom's data (no
 copy); backward writes ``bottom.diff = sum(top[i].diff)``.
 """

@@ -40,7 +40,8 @@ from .. import backend, rng
 from ..errors import CaffeError
 from ..io import prototxt as pio
 from ..log import g, logger
-from ..net import Net, deal_records
+from ..layers.record_dealing import deal_records
+from ..net import Net
 from ..proto import caffe_pb2
 from . import resume
 

@@ -257,11 +257,11 @@ def test_one_hook_list_keeps_registration_order_within_each_event():
     def hook(tag):
         return lambda i: seen.append((tag, i))
 
-    adders = [(net.add_after_backward, "a"), (net.before_forward, "b"),
-              (net.after_backward, "c"), (net.add_before_backward, "d"),
-              (net.after_forward, "e"), (net.add_before_forward, "f"),
-              (net.before_backward, "g"), (net.add_after_forward, "h"),
-              (lambda fn: net.add_hook("after_backward", fn), "i")]
+    adders = [(net.after_backward, "a"), (net.before_forward, "b"),
+              (net.after_backward, "c"), (net.before_backward, "d"),
+              (net.after_forward, "e"), (net.before_forward, "f"),
+              (net.before_backward, "g"), (net.after_forward, "h"),
+              (lambda fn: net.after_backward(fn, sees_blobs=False), "i")]
     for add, tag in adders:
         add(hook(tag))
     assert [event for event, _ in net.hooks] == [
@@ -275,11 +275,10 @@ def test_one_hook_list_keeps_registration_order_within_each_event():
 
 def test_bad_hooks_are_one_line_errors():
     net = Net(text_format.Parse(NET, caffe_pb2.NetParameter()), TRAIN)
-    with pytest.raises(CaffeError, match="net hook: unknown event 'during_forward' "
-                                         r"\(known: before_forward, after_forward"):
-        net.add_hook("during_forward", print)
     with pytest.raises(CaffeError, match="net hook: the after_backward callback must be callable"):
-        net.add_after_backward(None)
+        net.after_backward(None)
+    with pytest.raises(CaffeError, match="net hook: the before_forward callback must be callable"):
+        net.before_forward("print", sees_blobs=False)
     assert net.hooks == () and HOOK_EVENTS[0] == "before_forward"
 
 

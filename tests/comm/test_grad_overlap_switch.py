@@ -47,8 +47,8 @@ def build():
 def one_iteration(net, sync, comm):
     def where(i):
         comm.layer = i
-    net.add_after_backward(where)
-    net.add_after_backward(sync.on_layer_backward_done)
+    net.after_backward(where)
+    net.after_backward(sync.on_layer_backward_done)
     net.clear_param_diffs()
     sync.begin()
     net.forward_backward()

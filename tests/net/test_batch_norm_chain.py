@@ -52,8 +52,8 @@ def run(case, phase, together, kernel_set, steps=3, hook=False):
         kernels.use(kernel_set)
         net = Net(param, phase)
         if hook:
-            net.add_before_forward(lambda i: None)
-            net.add_before_backward(lambda i: None)
+            net.before_forward(lambda i: None)
+            net.before_backward(lambda i: None)
         r = numpy.random.RandomState(0)
         out = []
         for _ in range(steps):
@@ -127,8 +127,8 @@ def test_blind_hooks_keep_the_backward_chain_and_see_every_layer(monkeypatch):
     net, _ = run("plain", caffe_pb2.TRAIN, True, "reference", steps=1)
     calls.clear()
     seen = []
-    net.add_hook("before_backward", lambda i: seen.append(("b", i)), sees_blobs=False)
-    net.add_hook("after_backward", lambda i: seen.append(("a", i)), sees_blobs=False)
+    net.before_backward(lambda i: seen.append(("b", i)), sees_blobs=False)
+    net.after_backward(lambda i: seen.append(("a", i)), sees_blobs=False)
     net.forward()
     net.backward()
     assert calls == [8, 5]

@@ -3,7 +3,7 @@ import pytest
 from google.protobuf import text_format
 
 from caffe_engine.errors import CaffeError
-from caffe_engine.net import filter_net, insert_splits
+from caffe_engine.graph import filter_net, insert_splits
 from caffe_engine.proto import caffe_pb2
 
 

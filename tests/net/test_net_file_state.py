@@ -10,8 +10,9 @@ import sys
 import pytest
 from google.protobuf import text_format
 
-import caffe_engine.net as net_module
-from caffe_engine.net import TEST, TRAIN, Net, filter_net
+import caffe_engine.graph as graph
+from caffe_engine.graph import filter_net
+from caffe_engine.net import TEST, TRAIN, Net
 from caffe_engine.proto import caffe_pb2
 
 NET = """
@@ -53,7 +54,7 @@ def test_file_state_level_is_replaced_and_stages_added(net_file, kwargs, expecte
         states.append(caffe_pb2.NetState())
         states[-1].CopyFrom(state)
         return filter_net(param, state)
-    monkeypatch.setattr(net_module, "filter_net", spy)
+    monkeypatch.setattr(graph, "filter_net", spy)
     net = Net(net_file, TEST, **kwargs)
     assert built(net) == expected
     assert len(states) == 1 and states[0].phase == TEST

@@ -1,12 +1,11 @@
 """An in-place Scale right after its BatchNorm reads the BatchNorm's x_norm instead of keeping a
-copy of its input (caffe_engine/net.py ``_share_saved_inputs``): the same blobs and gradients,
+copy of its input (caffe_engine/graph.py ``share_saved_inputs``): the same blobs and gradients,
 bit for bit, as with Caffe's copy, in TRAIN and TEST, in place and not."""
 import numpy
 import pytest
 from google.protobuf import text_format
 
-from caffe_engine import Net, rng
-from caffe_engine.net import Net as NetClass
+from caffe_engine import Net, graph, rng
 from caffe_engine.proto import caffe_pb2
 
 NET = """
@@ -33,13 +32,13 @@ def run(phase, bn_top, share):
     param.ClearField("layer")
     param.layer.extend([layers[0], layers[-1]] + layers[1:-1])
     rng.set_random_seed(5)
-    original = NetClass._share_saved_inputs
+    original = graph.share_saved_inputs
     if not share:
-        NetClass._share_saved_inputs = lambda self: None
+        graph.share_saved_inputs = lambda net: None
     try:
         net = Net(param, phase)
     finally:
-        NetClass._share_saved_inputs = original
+        graph.share_saved_inputs = original
     r = numpy.random.RandomState(0)
     out = []
     for _ in range(3):
