@@ -673,22 +673,13 @@ def _time(flags, interrupt):
     return 0
 
 
-#: Layer types whose Caffe ``Backward_cpu``/``_gpu`` computes the bottom gradient whatever
-#: ``propagate_down`` says (src/caffe/layers/{batch_norm,im2col,mvn,softmax}_layer.cpp; LRN only
-#: across channels, lrn_layer.cpp CrossChannelBackward_cpu). The engine's layers skip that work
-#: when ``propagate_down`` is false, so ``caffe time`` asks them for it to time what Caffe does.
-_BACKWARD_IGNORES_PROPAGATE_DOWN = frozenset(["BatchNorm", "Im2col", "MVN", "Softmax"])
-
-
 def _time_propagate_down(layer, need):
     """``propagate_down`` for ``layer`` in ``caffe time``'s backward: the net's
-    ``bottom_need_backward`` (``need``), or all true where Caffe's layer ignores it."""
-    from .proto import caffe_pb2
-    if layer.type in _BACKWARD_IGNORES_PROPAGATE_DOWN or (
-            layer.type == "LRN" and layer.param.lrn_param.norm_region
-            == caffe_pb2.LRNParameter.ACROSS_CHANNELS):
-        return [True] * len(need)
-    return list(need)
+    ``bottom_need_backward`` (``need``), or all true where Caffe's layer ignores it
+    (``layer.backward_ignores_propagate_down``: src/caffe/layers/{batch_norm,im2col,mvn,
+    softmax}_layer.cpp, and lrn_layer.cpp across channels). The engine's layers skip that work
+    when ``propagate_down`` is false, so ``caffe time`` asks them for it to time what Caffe does."""
+    return [True] * len(need) if layer.backward_ignores_propagate_down else list(need)
 
 
 def _timed_chains(net, bottom_need_backward):
