@@ -2,7 +2,8 @@
 
 Caffe: tools/caffe.cpp. Flags are parsed as gflags does (:mod:`.flags`: ``--flag=value``,
 ``--flag value``, ``-flag=value`` and ``-flag value``; booleans also as bare ``--flag`` /
-``--noflag``). Every user error (bad flag, unreadable or malformed file, bad layer parameter) is printed as
+``--noflag``); the device is chosen in :mod:`.devices`, signals are caught as
+:mod:`.signal_handler` says. Every user error (bad flag, unreadable or malformed file, bad layer parameter) is printed as
 one line ``caffe: ...`` on stderr with exit status 1 — never a traceback.
 
 ``train`` follows Caffe: ``--weights`` (comma-separated) finetunes the train and test nets,
@@ -28,11 +29,12 @@ import time
 
 import numpy
 
-from . import backend, kernels
+from . import backend, devices
 from .comm import supervisor
 from .errors import CaffeError, one_line
 from .flags import GLOG_FLAGS, USAGE, UsageError, clip, gflags_number, parse_flags
 from .log import g, init_glog, log_to_files, logger
+from .signal_handler import InterruptCheck, SignalHandler
 
 
 def _positive_iterations(flags):
@@ -50,65 +52,6 @@ def _positive_iterations(flags):
 def _stages(flags):
     """``--stage`` split at ',' as Caffe's get_stages_from_flags (boost::split: ``""`` -> ``[""]``)."""
     return flags["stage"].split(",")
-
-
-def _gpu_ids(spec, what=None):
-    """Device ids from a ``--gpu`` value (Caffe's get_gpus): ``all`` or ``0,1,...``.
-
-    Raises:
-        CaffeError: CuPy or a CUDA device is missing, or an id is not an integer.
-    """
-    if not spec:
-        return []
-    ids = None
-    if spec != "all":
-        try:
-            ids = [int(x) for x in spec.split(",")]
-        except ValueError:
-            raise UsageError(f"--gpu: expected 'all' or device ids separated by ',', got "
-                             f"'{spec}'") from None
-        if any(i < 0 for i in ids):
-            raise UsageError(f"--gpu: device ids are 0 or more, got '{spec}'")
-    reason = backend.gpu_missing()
-    if reason is not None:
-        raise CaffeError(f"{what or '--gpu=' + spec}: GPU mode needs CuPy and a CUDA device: "
-                         f"{reason}")
-    import cupy
-    count = cupy.cuda.runtime.getDeviceCount()
-    if ids is None:
-        return list(range(count))
-    for i in ids:
-        if not 0 <= i < count:
-            raise CaffeError(f"--gpu: no CUDA device {i} ({count} available)")
-    return ids
-
-
-def _rank_gpu(ctx, gpus):
-    """The device of this rank among ``gpus``, one per rank: the NCCL communicator's own choice
-    (``comm.nccl.choose_device``: ``CAFFE_NCCL_DEVICE`` or the rank's place on its machine),
-    else round robin by the rank's place on its machine (an ``MPI_COMM_TYPE_SHARED`` split), so
-    ranks 4..7 of a second 4-GPU machine take its GPUs 0..3.
-
-    Raises:
-        CaffeError: the NCCL communicator's device is not among ``gpus``.
-    """
-    chosen = getattr(ctx.comm, "device", None)
-    if chosen is not None:
-        if chosen not in gpus:
-            raise CaffeError(f"--gpu={','.join(map(str, gpus))}: the NCCL communicator of rank "
-                             f"{ctx.rank} uses GPU {chosen}, not one of these")
-        return chosen
-    mpi_comm = getattr(ctx.comm, "comm", None)
-    local_rank = ctx.rank
-    if mpi_comm is not None:
-        from .comm.communicator import local_place
-        local_rank, _ = local_place(mpi_comm, ctx.comm.MPI, ctx.rank)
-    return gpus[local_rank % len(gpus)]
-
-
-def _use_gpu(device):
-    backend.set_device(device)
-    backend.set_mode_gpu()
 
 
 def _bucket_mb(value):
@@ -175,7 +118,6 @@ def train(flags):
 
 def _train(flags, ctx):
     from .io import prototxt as pio
-    from .proto import caffe_pb2
     from .solvers import get_solver
     if not flags["solver"]:
         raise UsageError("Need a solver definition to train.")
@@ -185,37 +127,7 @@ def _train(flags, ctx):
     param = pio.read_solver_param(flags["solver"])
     param.train_state.level = flags["level"]
     param.train_state.stage.extend(_stages(flags))
-    gpu = flags["gpu"]
-    if not gpu and param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
-        gpu = str(param.device_id)
-    try:
-        gpus = _gpu_ids(gpu)
-    except CaffeError:
-        if flags["gpu"]:
-            raise
-        # solver_mode: GPU without a GPU: Caffe's CPU-only builds train on the CPU too.
-        logger.warning("solver_mode is GPU but CuPy/CUDA is not available; using the CPU")
-        gpus = []
-    if not gpus:
-        logger.info("Use CPU.")
-        if param.device_id:
-            logger.warning("solver device_id %d is ignored: training runs on the CPU",
-                           param.device_id)
-        backend.set_mode_cpu()
-        _log_cpu_kernels()
-    else:
-        if ctx is not None and ctx.size > 1:
-            gpus = [_rank_gpu(ctx, gpus)]
-        if len(gpus) > 1:
-            raise CaffeError(f"--gpu={gpu}: several GPUs in one process are not supported; "
-                             "run one process per GPU under mpiexec")
-        logger.info("Using GPUs %s", ", ".join(str(i) for i in gpus))
-        import cupy
-        for i in gpus:
-            name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
-            logger.info("GPU %d: %s", i, name.decode() if isinstance(name, bytes) else name)
-        param.device_id = gpus[0]
-        _use_gpu(gpus[0])
+    devices.select_train_device(flags["gpu"], param, ctx)
     if flags["snapshot"]:
         param.ClearField("weights")
     elif flags["weights"]:
@@ -242,110 +154,12 @@ def _train(flags, ctx):
     return 0
 
 
-class SignalHandler:
-    """SIGINT / SIGHUP turned into solver actions (Caffe's SignalHandler, util/signal_handler.cpp).
-
-    Installed for the duration of a ``with`` block; the previous handlers come back after it.
-    A signal is remembered until :meth:`check_for_signals` reports it once (SIGHUP first).
-
-    Raises:
-        UsageError: an effect other than ``stop``, ``snapshot`` or ``none``.
-    """
-
-    def __init__(self, sigint_effect="stop", sighup_effect="snapshot"):
-        from .solvers import SolverAction
-        for name, value in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
-            if value not in SolverAction.ALL:
-                raise UsageError(f'Invalid signal effect "{value}" was specified (--{name}: '
-                                 "stop, snapshot or none)")
-        self.effects = {"SIGINT": sigint_effect, "SIGHUP": sighup_effect}
-        self.got = {"SIGINT": False, "SIGHUP": False}
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        import signal
-        self.got[signal.Signals(signum).name] = True
-
-    def __enter__(self):
-        import signal
-        for name in self.got:
-            sig = getattr(signal, name, None)
-            if sig is not None:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        import signal
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-
-    def check_for_signals(self):
-        """The action for a signal received since the last call (``none`` without one)."""
-        for name in ("SIGHUP", "SIGINT"):
-            if self.got[name]:
-                self.got[name] = False
-                return self.effects[name]
-        return "none"
-
-
 def _phase(flags, default):
     from .net import TEST, TRAIN
     name = flags["phase"] or default
     if name not in ("TRAIN", "TEST"):
         raise UsageError(f"--phase must be TRAIN or TEST, got '{name}'")
     return TRAIN if name == "TRAIN" else TEST
-
-
-def _log_cpu_kernels():
-    """The INFO line naming the kernel set and NumPy's BLAS (kernel, threads), so a machine
-    running below its instruction set shows at once."""
-    logger.info("CPU kernels: %s", kernels.describe_cpu())
-
-
-def _select_device(flags):
-    """``test`` / ``time``: the first ``--gpu`` device, else the CPU."""
-    gpus = _gpu_ids(flags["gpu"])
-    if gpus:
-        logger.info("Use GPU with device ID %d", gpus[0])
-        _use_gpu(gpus[0])
-    else:
-        logger.info("Use CPU.")
-        backend.set_mode_cpu()
-        _log_cpu_kernels()
-
-
-class InterruptCheck:
-    """SIGINT during ``caffe test`` and ``caffe time``: remembered, and raised as
-    KeyboardInterrupt (``caffe: interrupted``, status 130) by :meth:`check`, which the commands
-    call between batches and layers. Python's own KeyboardInterrupt, raised wherever the signal
-    lands, is lost when that is a weakref callback or a ``__del__`` (Python prints "Exception
-    ignored ... KeyboardInterrupt" and the command runs on). A second SIGINT before a check
-    raises at once. The previous handler comes back after the ``with`` block.
-    """
-
-    def __init__(self):
-        self.pending = False
-        self._previous = None
-
-    def _handle(self, signum, frame):
-        if self.pending:
-            raise KeyboardInterrupt
-        self.pending = True
-
-    def __enter__(self):
-        import signal
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        import signal
-        signal.signal(signal.SIGINT, self._previous)
-
-    def check(self):
-        """Raise KeyboardInterrupt when SIGINT has come."""
-        if self.pending:
-            raise KeyboardInterrupt
 
 
 def test(flags):
@@ -369,7 +183,7 @@ def _test(flags, interrupt):
     if not flags["weights"]:
         raise UsageError("Need model weights to score.")
     _positive_iterations(flags)
-    _select_device(flags)
+    devices.select_device(flags["gpu"])
     net = Net(flags["model"], _phase(flags, "TEST"), level=flags["level"], stages=_stages(flags))
     copy_trained_layers(net, flags["weights"])
     iterations = flags["iterations"]
@@ -433,7 +247,7 @@ def _time(flags, interrupt):
         raise UsageError("Need a model definition to time.")
     _positive_iterations(flags)
     phase = _phase(flags, "TRAIN")
-    _select_device(flags)
+    devices.select_device(flags["gpu"])
     net = Net(flags["model"], phase, level=flags["level"], stages=_stages(flags))
     logger.info("Performing Forward")
     initial_loss = net.forward_loss()
@@ -454,7 +268,7 @@ def _time(flags, interrupt):
         logger.info("%d BatchNorm+Scale+ReLU chains run as one pass each, as in training: "
                     "forward time on the BatchNorm's line, backward on the chain's last layer",
                     len(chains))
-    sync = _device_sync()
+    sync = devices.device_sync()
     total_start = time.perf_counter()
     for it in range(iters):
         interrupt.check()
@@ -515,14 +329,6 @@ def _timed_chains(net, bottom_need_backward):
     return chains, backward
 
 
-def _device_sync():
-    """A function that waits for queued GPU work (a no-op on the CPU), so timings are real."""
-    if backend.xp() is numpy:
-        return lambda: None
-    import cupy
-    return cupy.cuda.Device().synchronize
-
-
 def device_query(flags):
     """``caffe device_query``: the properties of the ``--gpu`` devices (all when unset).
 
@@ -530,7 +336,7 @@ def device_query(flags):
         CaffeError: no CuPy or no CUDA device (one line).
     """
     logger.info("Querying GPUs %s", flags["gpu"] or "all")
-    ids = _gpu_ids(flags["gpu"] or "all", "device_query")
+    ids = devices.gpu_ids(flags["gpu"] or "all", "device_query")
     import cupy
     for i in ids:
         p = cupy.cuda.runtime.getDeviceProperties(i)
