@@ -228,8 +228,9 @@ def time_(flags):
     compute their parameter gradients (``param_propagate_down``, from ``lr_mult``), as
     tools/caffe.cpp's ``layers[i]->Backward(top_vecs[i], bottom_need_backward[i],
     bottom_vecs[i])`` does; the untimed first pass is ``Net::Backward``, which skips them.
-    Layers whose Caffe backward ignores ``propagate_down`` (Softmax, BatchNorm, LRN, MVN,
-    Im2col) compute their bottom gradient here as in Caffe (see ``_time_propagate_down``).
+    Layers whose Caffe backward ignores ``propagate_down`` (their class says so:
+    ``backward_ignores_propagate_down``; Softmax, BatchNorm, LRN across channels, MVN, Im2col)
+    compute their bottom gradient here as in Caffe (see ``_time_propagate_down``).
     Times are wall-clock milliseconds (the device synchronised after each layer on the GPU).
     SIGINT stops it before the next iteration (:class:`InterruptCheck`).
 
