@@ -1,8 +1,9 @@
 """The ``caffe`` command: ``caffe train|test|time|device_query`` with Caffe's flags and log.
 
-Caffe: tools/caffe.cpp. Flags are parsed as gflags does: ``--flag=value``, ``--flag value``,
-``-flag=value`` and ``-flag value`` all work; booleans also as bare ``--flag`` / ``--noflag``.
-Every user error (bad flag, unreadable or malformed file, bad layer parameter) is printed as
+Caffe: tools/caffe.cpp. Flags are parsed as gflags does (:mod:`.flags`: ``--flag=value``,
+``--flag value``, ``-flag=value`` and ``-flag value``; booleans also as bare ``--flag`` /
+``--noflag``); the device is chosen in :mod:`.devices`, signals are caught as
+:mod:`.signal_handler` says. Every user error (bad flag, unreadable or malformed file, bad layer parameter) is printed as
 one line ``caffe: ...`` on stderr with exit status 1 — never a traceback.
 
 ``train`` follows Caffe: ``--weights`` (comma-separated) finetunes the train and test nets,
@@ -23,193 +24,17 @@ solver's engine-only ``comm_param`` block). A failure on one rank ends every ran
 Without a launcher, or with one process, training is exactly the one-process run.
 """
 import logging
-import re
 import sys
 import time
 
 import numpy
 
-from . import backend, kernels
+from . import backend, devices
 from .comm import supervisor
 from .errors import CaffeError, one_line
+from .flags import GLOG_FLAGS, USAGE, UsageError, clip, gflags_number, parse_flags
 from .log import g, init_glog, log_to_files, logger
-
-USAGE = """caffe: command line brew
-usage: caffe <command> <args>
-
-commands:
-  train           train or finetune a model
-  test            score a model
-  device_query    show GPU diagnostic information
-  time            benchmark model execution time
-
-  Flags:
-    -solver (The solver definition protocol buffer text file.) type: string
-      default: ""
-    -model (The model definition protocol buffer text file.) type: string
-      default: ""
-    -weights (Optional; the pretrained weights to initialize finetuning,
-      separated by ','. Cannot be set simultaneously with snapshot.)
-      type: string default: ""
-    -snapshot (Optional; the snapshot solver state to resume training.)
-      type: string default: ""
-    -exact_resume (Not in Caffe: with -snapshot, also restore the data cursors
-      and random streams saved in <solverstate>.resume; when training, write
-      that file with every snapshot.) type: bool default: false
-    -iterations (The number of iterations to run.) type: int32 default: 50
-    -phase (Optional; network phase (TRAIN or TEST). Only used for 'time'
-      (and 'test', which defaults to TEST).) type: string default: ""
-    -level (Optional; network level.) type: int32 default: 0
-    -stage (Optional; network stages (not to be confused with phase), separated
-      by ','.) type: string default: ""
-    -gpu (Optional; run in GPU mode on given device IDs separated by ','.Use
-      '-gpu all' to run on all available GPUs. The effective training batch
-      size is multiplied by the number of devices.) type: string default: ""
-    -sigint_effect (Optional; action to take when a SIGINT signal is received:
-      snapshot, stop or none.) type: string default: "stop"
-    -sighup_effect (Optional; action to take when a SIGHUP signal is received:
-      snapshot, stop or none.) type: string default: "snapshot"
-    -comm (Not in Caffe; under mpiexec, the gradient allreduce: tree, ring, ps,
-      mpi, hier[:ring|:tree] or nccl.) type: string default: "tree"
-    -bucket_mb (Not in Caffe; under mpiexec, the gradient bucket size in MiB, or
-      auto: MG-WFBP's buckets from measured backward times and the alpha-beta
-      model, CAFFE_COST_MODEL's file or measured at start.) type: string
-      default: "25"
-    -debug_sync (Not in Caffe; under mpiexec, check after every update that all
-      ranks hold identical weights.) type: bool default: false
-    -comm_compress (Not in Caffe; under mpiexec, gradient compression: none, fp16,
-      topk or gtopk; overrides the solver's comm_param.) type: string
-      default: none
-    -comm_density (Not in Caffe; topk/gtopk: fraction of each gradient bucket
-      sent, in (0, 1].) type: double default: 0.001
-    -comm_error_feedback (Not in Caffe; topk/gtopk: keep what is not sent in a
-      residual added to the next gradient.) type: bool default: true
-"""
-
-FLAGS = {
-    "solver": (str, ""),
-    "model": (str, ""),
-    "weights": (str, ""),
-    "snapshot": (str, ""),
-    "exact_resume": (bool, False),
-    "iterations": (int, 50),
-    "phase": (str, ""),
-    "level": (int, 0),
-    "stage": (str, ""),
-    "gpu": (str, ""),
-    "sigint_effect": (str, "stop"),
-    "sighup_effect": (str, "snapshot"),
-    "comm": (str, "tree"),
-    "bucket_mb": (str, "25"),
-    "debug_sync": (bool, False),
-    # Gradient compression (None: not given; the solver's comm_param block or its defaults).
-    "comm_compress": (str, None),
-    "comm_density": (float, None),
-    "comm_error_feedback": (bool, None),
-    # glog's flags, which Caffe's gflags parse too (None: not given; GLOG_<flag> and the
-    # defaults of caffe_engine.log.init_glog apply).
-    "log_dir": (str, None),
-    "logtostderr": (bool, None),
-    "alsologtostderr": (bool, None),
-    "stderrthreshold": (int, None),
-    "minloglevel": (int, None),
-    "v": (int, None),
-}
-
-#: The FLAGS entries that are glog's (passed to :func:`caffe_engine.log.init_glog`).
-GLOG_FLAGS = ("log_dir", "logtostderr", "alsologtostderr", "stderrthreshold", "minloglevel", "v")
-
-_BOOL_VALUES = {"true": True, "t": True, "yes": True, "y": True, "1": True,
-                "false": False, "f": False, "no": False, "n": False, "0": False}
-
-
-#: gflags' int32 range (tools/caffe.cpp DEFINE_int32: strto32 refuses values outside it).
-INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
-_GFLAGS_TYPE = {int: "int32", float: "double", str: "string", bool: "bool"}
-#: The numbers gflags takes (gflags.cc FlagValue::ParseFrom: strtoll, in base 16 after a leading
-#: "0x", and strtod, the whole value consumed). Python's int() and float() also take "1_000",
-#: trailing blanks and non-ASCII digits, which gflags refuses (and int() refuses "0x10").
-_INT32_TEXT = re.compile(r"0[xX][0-9a-fA-F]+|[ \t\n\v\f\r]*[+-]?[0-9]+")
-_DOUBLE_TEXT = re.compile(r"[ \t\n\v\f\r]*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
-                          r"|inf|infinity|nan)", re.IGNORECASE)
-
-
-def _gflags_number(kind, value):
-    """``value`` as gflags parses an int32 (``kind`` int) or a double flag (``kind`` float).
-
-    Raises:
-        ValueError: not such a number (or NaN, which no flag of the engine takes).
-    """
-    if kind is int and _INT32_TEXT.fullmatch(value):
-        parsed = int(value, 16) if value[:2] in ("0x", "0X") else int(value)
-        if INT32_MIN <= parsed <= INT32_MAX:
-            return parsed
-    elif kind is float and _DOUBLE_TEXT.fullmatch(value):
-        parsed = float(value)
-        if parsed == parsed:
-            return parsed
-    raise ValueError(value)
-
-
-class UsageError(CaffeError):
-    """A command-line mistake: usage text is printed with the message."""
-
-
-def parse_flags(argv):
-    """Parse gflags-style ``argv`` into (positional args, dict of flag values).
-
-    ``--flag=value``, ``--flag value``, ``-flag=value`` and ``-flag value``; booleans also as
-    bare ``--flag`` and ``--noflag``.
-
-    Raises:
-        UsageError: unknown flag, missing value, or a value of the wrong type.
-    """
-    values = {name: default for name, (_, default) in FLAGS.items()}
-    positional = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if not arg.startswith("-") or arg == "-":
-            positional.append(arg)
-            continue
-        if arg == "--":
-            positional.extend(argv[i:])
-            break
-        body = arg.lstrip("-")
-        name, eq, value = body.partition("=")
-        if name not in FLAGS and name.startswith("no") and FLAGS.get(name[2:], (None,))[0] is bool \
-                and not eq:
-            values[name[2:]] = False
-            continue
-        if name not in FLAGS:
-            raise UsageError(f"unknown command line flag '{name}'")
-        kind, _ = FLAGS[name]
-        if kind is bool:
-            if not eq:
-                values[name] = True
-                continue
-            if value.lower() not in _BOOL_VALUES:
-                raise UsageError(f"illegal value '{value}' specified for bool flag '{name}'")
-            values[name] = _BOOL_VALUES[value.lower()]
-            continue
-        if not eq:
-            if i >= len(argv):
-                raise UsageError(f"flag '{name}' is missing its argument")
-            value = argv[i]
-            i += 1
-        try:
-            parsed = value if kind is str else _gflags_number(kind, value)
-        except ValueError:
-            raise UsageError(f"illegal value '{_clip(value)}' specified for "
-                             f"{_GFLAGS_TYPE[kind]} flag '{name}'") from None
-        values[name] = parsed
-    return positional, values
-
-
-def _clip(text, limit=60):
-    """``text`` cut in the middle to about ``limit`` characters (a flag value in a message)."""
-    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]}"
+from .signal_handler import InterruptCheck, SignalHandler
 
 
 def _positive_iterations(flags):
@@ -229,65 +54,6 @@ def _stages(flags):
     return flags["stage"].split(",")
 
 
-def _gpu_ids(spec, what=None):
-    """Device ids from a ``--gpu`` value (Caffe's get_gpus): ``all`` or ``0,1,...``.
-
-    Raises:
-        CaffeError: CuPy or a CUDA device is missing, or an id is not an integer.
-    """
-    if not spec:
-        return []
-    ids = None
-    if spec != "all":
-        try:
-            ids = [int(x) for x in spec.split(",")]
-        except ValueError:
-            raise UsageError(f"--gpu: expected 'all' or device ids separated by ',', got "
-                             f"'{spec}'") from None
-        if any(i < 0 for i in ids):
-            raise UsageError(f"--gpu: device ids are 0 or more, got '{spec}'")
-    reason = backend.gpu_missing()
-    if reason is not None:
-        raise CaffeError(f"{what or '--gpu=' + spec}: GPU mode needs CuPy and a CUDA device: "
-                         f"{reason}")
-    import cupy
-    count = cupy.cuda.runtime.getDeviceCount()
-    if ids is None:
-        return list(range(count))
-    for i in ids:
-        if not 0 <= i < count:
-            raise CaffeError(f"--gpu: no CUDA device {i} ({count} available)")
-    return ids
-
-
-def _rank_gpu(ctx, gpus):
-    """The device of this rank among ``gpus``, one per rank: the NCCL communicator's own choice
-    (``comm.nccl.choose_device``: ``CAFFE_NCCL_DEVICE`` or the rank's place on its machine),
-    else round robin by the rank's place on its machine (an ``MPI_COMM_TYPE_SHARED`` split), so
-    ranks 4..7 of a second 4-GPU machine take its GPUs 0..3.
-
-    Raises:
-        CaffeError: the NCCL communicator's device is not among ``gpus``.
-    """
-    chosen = getattr(ctx.comm, "device", None)
-    if chosen is not None:
-        if chosen not in gpus:
-            raise CaffeError(f"--gpu={','.join(map(str, gpus))}: the NCCL communicator of rank "
-                             f"{ctx.rank} uses GPU {chosen}, not one of these")
-        return chosen
-    mpi_comm = getattr(ctx.comm, "comm", None)
-    local_rank = ctx.rank
-    if mpi_comm is not None:
-        from .comm.communicator import local_place
-        local_rank, _ = local_place(mpi_comm, ctx.comm.MPI, ctx.rank)
-    return gpus[local_rank % len(gpus)]
-
-
-def _use_gpu(device):
-    backend.set_device(device)
-    backend.set_mode_gpu()
-
-
 def _bucket_mb(value):
     """``--bucket_mb``: "auto", or a positive size in MiB written as gflags writes a double.
 
@@ -297,11 +63,11 @@ def _bucket_mb(value):
     if value == "auto":
         return value
     try:
-        size = _gflags_number(float, value)
+        size = gflags_number(float, value)
     except ValueError:
         size = None
     if size is None or not 0 < size < float("inf"):
-        raise UsageError(f"--bucket_mb must be a positive size in MiB or auto, got {_clip(value)}")
+        raise UsageError(f"--bucket_mb must be a positive size in MiB or auto, got {clip(value)}")
     return size
 
 
@@ -352,7 +118,6 @@ def train(flags):
 
 def _train(flags, ctx):
     from .io import prototxt as pio
-    from .proto import caffe_pb2
     from .solvers import get_solver
     if not flags["solver"]:
         raise UsageError("Need a solver definition to train.")
@@ -362,37 +127,7 @@ def _train(flags, ctx):
     param = pio.read_solver_param(flags["solver"])
     param.train_state.level = flags["level"]
     param.train_state.stage.extend(_stages(flags))
-    gpu = flags["gpu"]
-    if not gpu and param.HasField("solver_mode") and param.solver_mode == caffe_pb2.SolverParameter.GPU:
-        gpu = str(param.device_id)
-    try:
-        gpus = _gpu_ids(gpu)
-    except CaffeError:
-        if flags["gpu"]:
-            raise
-        # solver_mode: GPU without a GPU: Caffe's CPU-only builds train on the CPU too.
-        logger.warning("solver_mode is GPU but CuPy/CUDA is not available; using the CPU")
-        gpus = []
-    if not gpus:
-        logger.info("Use CPU.")
-        if param.device_id:
-            logger.warning("solver device_id %d is ignored: training runs on the CPU",
-                           param.device_id)
-        backend.set_mode_cpu()
-        _log_cpu_kernels()
-    else:
-        if ctx is not None and ctx.size > 1:
-            gpus = [_rank_gpu(ctx, gpus)]
-        if len(gpus) > 1:
-            raise CaffeError(f"--gpu={gpu}: several GPUs in one process are not supported; "
-                             "run one process per GPU under mpiexec")
-        logger.info("Using GPUs %s", ", ".join(str(i) for i in gpus))
-        import cupy
-        for i in gpus:
-            name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
-            logger.info("GPU %d: %s", i, name.decode() if isinstance(name, bytes) else name)
-        param.device_id = gpus[0]
-        _use_gpu(gpus[0])
+    devices.select_train_device(flags["gpu"], param, ctx)
     if flags["snapshot"]:
         param.ClearField("weights")
     elif flags["weights"]:
@@ -419,110 +154,12 @@ def _train(flags, ctx):
     return 0
 
 
-class SignalHandler:
-    """SIGINT / SIGHUP turned into solver actions (Caffe's SignalHandler, util/signal_handler.cpp).
-
-    Installed for the duration of a ``with`` block; the previous handlers come back after it.
-    A signal is remembered until :meth:`check_for_signals` reports it once (SIGHUP first).
-
-    Raises:
-        UsageError: an effect other than ``stop``, ``snapshot`` or ``none``.
-    """
-
-    def __init__(self, sigint_effect="stop", sighup_effect="snapshot"):
-        from .solvers import SolverAction
-        for name, value in (("sigint_effect", sigint_effect), ("sighup_effect", sighup_effect)):
-            if value not in SolverAction.ALL:
-                raise UsageError(f'Invalid signal effect "{value}" was specified (--{name}: '
-                                 "stop, snapshot or none)")
-        self.effects = {"SIGINT": sigint_effect, "SIGHUP": sighup_effect}
-        self.got = {"SIGINT": False, "SIGHUP": False}
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        import signal
-        self.got[signal.Signals(signum).name] = True
-
-    def __enter__(self):
-        import signal
-        for name in self.got:
-            sig = getattr(signal, name, None)
-            if sig is not None:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        import signal
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-
-    def check_for_signals(self):
-        """The action for a signal received since the last call (``none`` without one)."""
-        for name in ("SIGHUP", "SIGINT"):
-            if self.got[name]:
-                self.got[name] = False
-                return self.effects[name]
-        return "none"
-
-
 def _phase(flags, default):
     from .net import TEST, TRAIN
     name = flags["phase"] or default
     if name not in ("TRAIN", "TEST"):
         raise UsageError(f"--phase must be TRAIN or TEST, got '{name}'")
     return TRAIN if name == "TRAIN" else TEST
-
-
-def _log_cpu_kernels():
-    """The INFO line naming the kernel set and NumPy's BLAS (kernel, threads), so a machine
-    running below its instruction set shows at once."""
-    logger.info("CPU kernels: %s", kernels.describe_cpu())
-
-
-def _select_device(flags):
-    """``test`` / ``time``: the first ``--gpu`` device, else the CPU."""
-    gpus = _gpu_ids(flags["gpu"])
-    if gpus:
-        logger.info("Use GPU with device ID %d", gpus[0])
-        _use_gpu(gpus[0])
-    else:
-        logger.info("Use CPU.")
-        backend.set_mode_cpu()
-        _log_cpu_kernels()
-
-
-class InterruptCheck:
-    """SIGINT during ``caffe test`` and ``caffe time``: remembered, and raised as
-    KeyboardInterrupt (``caffe: interrupted``, status 130) by :meth:`check`, which the commands
-    call between batches and layers. Python's own KeyboardInterrupt, raised wherever the signal
-    lands, is lost when that is a weakref callback or a ``__del__`` (Python prints "Exception
-    ignored ... KeyboardInterrupt" and the command runs on). A second SIGINT before a check
-    raises at once. The previous handler comes back after the ``with`` block.
-    """
-
-    def __init__(self):
-        self.pending = False
-        self._previous = None
-
-    def _handle(self, signum, frame):
-        if self.pending:
-            raise KeyboardInterrupt
-        self.pending = True
-
-    def __enter__(self):
-        import signal
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        import signal
-        signal.signal(signal.SIGINT, self._previous)
-
-    def check(self):
-        """Raise KeyboardInterrupt when SIGINT has come."""
-        if self.pending:
-            raise KeyboardInterrupt
 
 
 def test(flags):
@@ -546,7 +183,7 @@ def _test(flags, interrupt):
     if not flags["weights"]:
         raise UsageError("Need model weights to score.")
     _positive_iterations(flags)
-    _select_device(flags)
+    devices.select_device(flags["gpu"])
     net = Net(flags["model"], _phase(flags, "TEST"), level=flags["level"], stages=_stages(flags))
     copy_trained_layers(net, flags["weights"])
     iterations = flags["iterations"]
@@ -591,8 +228,9 @@ def time_(flags):
     compute their parameter gradients (``param_propagate_down``, from ``lr_mult``), as
     tools/caffe.cpp's ``layers[i]->Backward(top_vecs[i], bottom_need_backward[i],
     bottom_vecs[i])`` does; the untimed first pass is ``Net::Backward``, which skips them.
-    Layers whose Caffe backward ignores ``propagate_down`` (Softmax, BatchNorm, LRN, MVN,
-    Im2col) compute their bottom gradient here as in Caffe (see ``_time_propagate_down``).
+    Layers whose Caffe backward ignores ``propagate_down`` (their class says so:
+    ``backward_ignores_propagate_down``; Softmax, BatchNorm, LRN across channels, MVN, Im2col)
+    compute their bottom gradient here as in Caffe (see ``_time_propagate_down``).
     Times are wall-clock milliseconds (the device synchronised after each layer on the GPU).
     SIGINT stops it before the next iteration (:class:`InterruptCheck`).
 
@@ -610,7 +248,7 @@ def _time(flags, interrupt):
         raise UsageError("Need a model definition to time.")
     _positive_iterations(flags)
     phase = _phase(flags, "TRAIN")
-    _select_device(flags)
+    devices.select_device(flags["gpu"])
     net = Net(flags["model"], phase, level=flags["level"], stages=_stages(flags))
     logger.info("Performing Forward")
     initial_loss = net.forward_loss()
@@ -631,7 +269,7 @@ def _time(flags, interrupt):
         logger.info("%d BatchNorm+Scale+ReLU chains run as one pass each, as in training: "
                     "forward time on the BatchNorm's line, backward on the chain's last layer",
                     len(chains))
-    sync = _device_sync()
+    sync = devices.device_sync()
     total_start = time.perf_counter()
     for it in range(iters):
         interrupt.check()
@@ -673,22 +311,13 @@ def _time(flags, interrupt):
     return 0
 
 
-#: Layer types whose Caffe ``Backward_cpu``/``_gpu`` computes the bottom gradient whatever
-#: ``propagate_down`` says (src/caffe/layers/{batch_norm,im2col,mvn,softmax}_layer.cpp; LRN only
-#: across channels, lrn_layer.cpp CrossChannelBackward_cpu). The engine's layers skip that work
-#: when ``propagate_down`` is false, so ``caffe time`` asks them for it to time what Caffe does.
-_BACKWARD_IGNORES_PROPAGATE_DOWN = frozenset(["BatchNorm", "Im2col", "MVN", "Softmax"])
-
-
 def _time_propagate_down(layer, need):
     """``propagate_down`` for ``layer`` in ``caffe time``'s backward: the net's
-    ``bottom_need_backward`` (``need``), or all true where Caffe's layer ignores it."""
-    from .proto import caffe_pb2
-    if layer.type in _BACKWARD_IGNORES_PROPAGATE_DOWN or (
-            layer.type == "LRN" and layer.param.lrn_param.norm_region
-            == caffe_pb2.LRNParameter.ACROSS_CHANNELS):
-        return [True] * len(need)
-    return list(need)
+    ``bottom_need_backward`` (``need``), or all true where Caffe's layer ignores it
+    (``layer.backward_ignores_propagate_down``: src/caffe/layers/{batch_norm,im2col,mvn,
+    softmax}_layer.cpp, and lrn_layer.cpp across channels). The engine's layers skip that work
+    when ``propagate_down`` is false, so ``caffe time`` asks them for it to time what Caffe does."""
+    return [True] * len(need) if layer.backward_ignores_propagate_down else list(need)
 
 
 def _timed_chains(net, bottom_need_backward):
@@ -701,14 +330,6 @@ def _timed_chains(net, bottom_need_backward):
     return chains, backward
 
 
-def _device_sync():
-    """A function that waits for queued GPU work (a no-op on the CPU), so timings are real."""
-    if backend.xp() is numpy:
-        return lambda: None
-    import cupy
-    return cupy.cuda.Device().synchronize
-
-
 def device_query(flags):
     """``caffe device_query``: the properties of the ``--gpu`` devices (all when unset).
 
@@ -716,7 +337,7 @@ def device_query(flags):
         CaffeError: no CuPy or no CUDA device (one line).
     """
     logger.info("Querying GPUs %s", flags["gpu"] or "all")
-    ids = _gpu_ids(flags["gpu"] or "all", "device_query")
+    ids = devices.gpu_ids(flags["gpu"] or "all", "device_query")
     import cupy
     for i in ids:
         p = cupy.cuda.runtime.getDeviceProperties(i)

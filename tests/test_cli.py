@@ -99,6 +99,14 @@ def test_bool_flags_and_exact_resume_flag():
         parse_flags(["train", "--exact_resume=maybe"])
 
 
+@pytest.mark.parametrize("text,value", [(t, True) for t in ("1", "t", "true", "y", "yes", "YES")]
+                         + [(t, False) for t in ("0", "f", "false", "n", "no", "No")])
+def test_bool_values_are_gflags_ones(text, value):
+    """gflags.cc FlagValue::ParseFrom: 1/t/true/y/yes and 0/f/false/n/no, any case (absl.flags
+    refuses y/yes/n/no, one reason the engine keeps its own parser)."""
+    assert parse_flags([f"--debug_sync={text}"])[1]["debug_sync"] is value
+
+
 def test_bad_signal_effect_is_refused(tmp_path):
     tiny_solver(tmp_path)
     r = run("train", "--solver=solver.prototxt", "--sighup_effect=explode", cwd=tmp_path)

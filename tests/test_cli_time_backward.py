@@ -9,9 +9,9 @@ forward. Skipping those layers (``Net::Backward``'s rule) would report a backwar
 import re
 import subprocess
 import sys
-from types import SimpleNamespace
 
 from caffe_engine.cli import _time_propagate_down
+from caffe_engine.layers import create_layer
 from caffe_engine.proto import caffe_pb2
 
 DEPLOY = """name: "tiny_deploy"
@@ -57,10 +57,11 @@ def test_deploy_net_backward_is_timed_like_caffe(tmp_path):
 
 
 def _layer(type_, **lrn):
-    param = caffe_pb2.LayerParameter(type=type_)
+    """The registered layer class of ``type_``, built (not set up) from its parameter."""
+    param = caffe_pb2.LayerParameter(name=type_.lower(), type=type_)
     if lrn:
         param.lrn_param.norm_region = lrn["region"]
-    return SimpleNamespace(type=type_, param=param)
+    return create_layer(param, caffe_pb2.TRAIN)
 
 
 def test_layers_whose_caffe_backward_ignores_propagate_down():

@@ -73,6 +73,9 @@ class Layer:
     equal_num_bottom_top = False
     #: Loss layers default to loss_weight 1 on their first top (Caffe's LossLayer).
     is_loss = False
+    #: Whether Caffe's Backward of this layer computes the bottom gradient whatever
+    #: ``propagate_down`` says (``caffe time`` then asks for it, to time what Caffe runs).
+    backward_ignores_propagate_down = False
 
     @property
     def auto_top_blobs(self):

@@ -30,6 +30,7 @@ class Im2colLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    backward_ignores_propagate_down = True
 
     def layer_setup(self, bottom, top):
         p = self.param.convolution_param

@@ -67,6 +67,9 @@ class LRNLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    #: Caffe's CrossChannelBackward ignores propagate_down; WITHIN_CHANNEL's layers follow it.
+    backward_ignores_propagate_down = property(
+        lambda self: self.param.lrn_param.norm_region == caffe_pb2.LRNParameter.ACROSS_CHANNELS)
 
     def layer_setup(self, bottom, top):
         p = self.param.lrn_param
@@ -130,6 +133,7 @@ class BatchNormLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    backward_ignores_propagate_down = True
 
     def layer_setup(self, bottom, top):
         p = self.param.batch_norm_param
@@ -241,6 +245,7 @@ class MVNLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    backward_ignores_propagate_down = True
 
     def layer_setup(self, bottom, top):
         p = self.param.mvn_param

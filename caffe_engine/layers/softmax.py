@@ -38,6 +38,7 @@ class SoftmaxLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    backward_ignores_propagate_down = True
 
     def reshape(self, bottom, top):
         try:
