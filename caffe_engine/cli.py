@@ -10,7 +10,7 @@ one line ``caffe: ...`` on stderr with exit status 1 — never a traceback.
 ``--snapshot`` resumes (weights, history, iter, lr step; data cursors and the random stream
 restart as in a fresh process), SIGINT/SIGHUP act as ``--sigint_effect`` (default stop) and
 ``--sighup_effect`` (default snapshot) say. ``--exact_resume`` (not in Caffe) also saves and
-restores the data cursors and random streams (see ``solvers/resume.py``).
+restores the data cursors and random streams (see ``solvers/snapshot.py``).
 
 Data-parallel training (FireCaffe; not in Caffe's tool, which used ``--gpu 0,1,..`` threads):
 ``mpiexec -n P caffe train --solver S`` runs one solver per process, each with the
@@ -177,7 +177,6 @@ def test(flags):
 
 def _test(flags, interrupt):
     from .net import Net
-    from .solvers.solver import copy_trained_layers
     if not flags["model"]:
         raise UsageError("Need a model definition to score.")
     if not flags["weights"]:
@@ -185,7 +184,7 @@ def _test(flags, interrupt):
     _positive_iterations(flags)
     devices.select_device(flags["gpu"])
     net = Net(flags["model"], _phase(flags, "TEST"), level=flags["level"], stages=_stages(flags))
-    copy_trained_layers(net, flags["weights"])
+    net.copy_from(flags["weights"])
     iterations = flags["iterations"]
     logger.info("Running for %d iterations.", iterations)
     f32 = numpy.float32

@@ -3,7 +3,7 @@
 One solver per process under ``mpiexec -n P``; each gets a :class:`DataParallel` over the job's
 communicator, given to its constructor (``get_solver(param, callbacks=[DataParallel(comm)])``;
 ``caffe train`` does this when P > 1). The solver knows nothing of communicators: it calls the
-callback at the points of :class:`caffe_engine.solvers.solver.SolverCallback`, every rank at the
+callback at the points of :class:`caffe_engine.solvers.callback.SolverCallback`, every rank at the
 same point of its loop, and the callback does the rest (Caffe: src/caffe/parallel.cpp, NCCL and
 P2PSync; solver.cpp, the root-only tests and snapshots):
 
@@ -26,7 +26,7 @@ P2PSync; solver.cpp, the root-only tests and snapshots):
   requested action (SIGINT, SIGHUP) followed by every rank;
 - ``on_test``: the others wait while the root tests; its stop request followed by all;
 - ``on_snapshot``: with ``--exact_resume``, every rank's cursors and streams for the root's
-  side file (:func:`caffe_engine.solvers.resume.gather`);
+  side file (:func:`caffe_engine.solvers.snapshot.gather_resume`);
 - ``on_root_done``: the others wait while the root snapshots, and at the end of ``solve``.
 
 The solver itself deals the train records (record i to rank i mod P, through the Data layers'
@@ -39,7 +39,7 @@ from .. import rng
 from ..errors import CaffeError
 from ..log import g, logger
 from ..proto import caffe_pb2
-from ..solvers import resume
+from ..solvers.snapshot import gather_resume
 from . import compress as compression
 from . import distributed
 from .buckets import GradientSync
@@ -199,7 +199,7 @@ class DataParallel:
     def on_snapshot(self, solver):
         """With ``exact_resume``: every rank's state for the root's side file (collective)."""
         if solver.exact_resume:
-            return resume.gather(solver, self.comm)
+            return gather_resume(solver, self.comm)
         return None
 
     def on_root_done(self, solver):

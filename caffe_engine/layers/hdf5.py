@@ -229,7 +229,7 @@ class HDF5DataLayer(Layer):
     def reshape(self, bottom, top):
         """Nothing: the tops keep the shapes set at setup (Caffe's Reshape is empty)."""
 
-    # -- exact resume (see solvers/resume.py) --------------------------------------------------
+    # -- exact resume (see solvers/snapshot.py) --------------------------------------------------
     def resume_state(self):
         """The read position (file, row, permutations and, when shuffling, the C stream)."""
         state = {"current_file": self.current_file, "current_row": self.current_row,

@@ -172,7 +172,7 @@ class ImageDataLayer(BasePrefetchingDataLayer):
         return lines
 
     def resume_state(self):
-        """The list order (shuffled or not) and the next line (see solvers/resume.py)."""
+        """The list order (shuffled or not) and the next line (see solvers/snapshot.py)."""
         self._sync()
         return {"lines": [[path, label] for path, label in self._lines],
                 "lines_id": self._lines_id}
@@ -387,7 +387,7 @@ class WindowDataLayer(BasePrefetchingDataLayer):
         return read_image(self.images[index][0], True, self.error)
 
     def resume_state(self):
-        """Nothing beyond the layer's streams (see solvers/resume.py), read once prefetching has
+        """Nothing beyond the layer's streams (see solvers/snapshot.py), read once prefetching has
         stopped and rewound."""
         self._sync()
         return {}

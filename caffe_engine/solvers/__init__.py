@@ -6,8 +6,9 @@ Caffe: src/caffe/solver_factory.cpp (the registry by type string). The deprecate
 from ..errors import CaffeError
 from ..io import prototxt as pio
 from ..proto import caffe_pb2
+from .callback import CALLBACK_EVENTS, SolverAction, SolverCallback  # noqa: F401  (re-exported)
 from .sgd import AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver, RMSPropSolver, SGDSolver
-from .solver import Solver, SolverAction  # noqa: F401  (re-exported)
+from .solver import Solver  # noqa: F401  (re-exported)
 
 SOLVERS = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
                                      AdaDeltaSolver, AdamSolver)}
@@ -16,7 +17,7 @@ SOLVERS = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, R
 def get_solver(param, comm=None, bucket_mb=25.0, debug_sync=False, **kwargs):
     """Build the solver that ``param.type`` names (a SolverParameter or a solver prototxt path;
     ``kwargs`` go to the solver class: ``source=`` the file a SolverParameter came from,
-    ``callbacks=`` its :class:`~.solver.SolverCallback` objects).
+    ``callbacks=`` its :class:`~.callback.SolverCallback` objects).
 
     ``comm`` (a communicator of more than one rank), ``bucket_mb`` and ``debug_sync`` are a
     shorthand kept for Python callers: they put a

@@ -44,7 +44,7 @@ ALLOWED = {
         "host too (filter_layer.cpp Reshape, cpu_data)",
     ("layers/prefetch.py", "BasePrefetchingDataLayer.next_batch"):
         "a queue's get() (the prefetch thread's batches), not an array",
-    ("solvers/resume.py", "rng_state"):
+    ("solvers/snapshot.py", "rng_state"):
         "host random-stream state (NumPy) written into the exact-resume side file at a "
         "snapshot, not per iteration",
 }

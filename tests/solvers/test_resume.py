@@ -183,12 +183,12 @@ def test_cli_sigint_then_exact_resume_equals_straight_run(tmp_path):
 
 def test_side_file_of_p_ranks_is_resumed_by_p_ranks_only():
     from caffe_engine.errors import CaffeError
-    from caffe_engine.solvers import resume
-    one = {"version": resume.VERSION, "iter": 4}
+    from caffe_engine.solvers.snapshot import RESUME_VERSION, resume_for_rank
+    one = {"version": RESUME_VERSION, "iter": 4}
     two = dict(one, ranks=[{"iter": 4, "who": 0}, {"iter": 4, "who": 1}])
-    assert resume.for_rank(one, 0, 1, "s.resume") is one
-    assert resume.for_rank(two, 1, 2, "s.resume")["who"] == 1
+    assert resume_for_rank(one, 0, 1, "s.resume") is one
+    assert resume_for_rank(two, 1, 2, "s.resume")["who"] == 1
     with pytest.raises(CaffeError, match="written by 2 process.*this run has 3"):
-        resume.for_rank(two, 0, 3, "s.resume")
+        resume_for_rank(two, 0, 3, "s.resume")
     with pytest.raises(CaffeError, match="written by 1 process.*this run has 2"):
-        resume.for_rank(one, 1, 2, "s.resume")
+        resume_for_rank(one, 1, 2, "s.resume")
