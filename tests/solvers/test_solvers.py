@@ -330,3 +330,10 @@ def test_weights_field_finetunes_train_and_test_nets(tmp_path, caplog):
     for net in (solver.net, solver.test_nets[0]):
         assert np.array_equal(net.params["ip"][0].data, donor.net.params["ip"][0].data)
 
+
+def test_every_declared_rule_has_a_solver_and_a_naive_oracle():
+    # caffe_engine/kernels/update_rules.py declares the rules; each needs its solver class
+    # (Caffe's type string) and its naive loop here
+    assert set(SOLVERS) == set(RULES) == set(NAIVE)
+    for name, cls in SOLVERS.items():
+        assert cls.type == name
