@@ -8,9 +8,12 @@ one fused kernel per param (``update`` of the param's kernel set, :mod:`caffe_en
 the reference set's :mod:`caffe_engine.kernels.reference.solver` shows the arithmetic, in
 float32 and in Caffe's order).
 
-History layout (what the ``.solverstate`` holds, in this order): one blob per learnable param,
-of its shape; AdaDelta and Adam append a second set after the first (AdaDelta: squared
-gradients then squared updates; Adam: first moments then second moments).
+Each rule's code, history sets and hyper-parameters are declared once, in
+:mod:`caffe_engine.kernels.update_rules`; a solver class here adds its ``type`` and Caffe's
+checks of its hyper-parameters. History layout (what the ``.solverstate`` holds, in this
+order): one blob per learnable param, of its shape; AdaDelta and Adam append a second set after
+the first (AdaDelta: squared gradients then squared updates; Adam: first moments then second
+moments).
 
 SolverParameter fields read: ``base_lr`` and the ``lr_policy`` fields (``lr_policy.py``,
 with NVCaffe's warm-up ``rampup_interval``/``rampup_lr`` and ``min_lr``), ``momentum`` (0),
@@ -30,7 +33,7 @@ from ..io.blobproto import blob_to_proto, proto_shape, proto_to_array
 from ..log import g, logger
 from ..proto import caffe_pb2
 from .. import kernels
-from ..kernels.reference.solver import Hyper
+from ..kernels.update_rules import RULES, Hyper
 from . import larc
 from .lr_policy import check_warmup, learning_rate
 from .solver import Solver
@@ -48,7 +51,11 @@ class SGDSolver(Solver):
     """
 
     type = "SGD"
-    history_sets = 1
+
+    @property
+    def history_sets(self):
+        """History blobs per learnable param (1 or 2), as the update rule ``type`` declares."""
+        return RULES[self.type].history_sets
 
     def check_param(self, param):
         """Refuse hyper-parameters the rule cannot use (Caffe's constructor checks)."""
@@ -235,11 +242,9 @@ class AdaDeltaSolver(SGDSolver):
     """AdaDelta (Caffe: src/caffe/solvers/adadelta_solver.cpp); two history sets."""
 
     type = "AdaDelta"
-    history_sets = 2
 
 
 class AdamSolver(SGDSolver):
     """Adam (Caffe: src/caffe/solvers/adam_solver.cpp); two history sets (m, then v)."""
 
     type = "Adam"
-    history_sets = 2

@@ -12,7 +12,7 @@ import pytest
 from caffe_engine import kernels
 from caffe_engine.kernels.geometry import (ConvGeometry, LRNGeometry, PoolGeometry,
                                            conv_output_shape, pooled_size)
-from caffe_engine.kernels.reference.solver import RULES, Hyper
+from caffe_engine.kernels.update_rules import RULES, Hyper
 from caffe_engine.proto import caffe_pb2
 
 pytest.importorskip("numba", reason="the cpu kernel set needs Numba")
@@ -278,7 +278,7 @@ def test_solver_step_matches_reference_exactly(rule, decay, l1, iter_scale, coun
                                       momentum2=0.999, delta=1e-8, rms_decay=0.98)
     hyper = Hyper(param)
     hyper.t = 7
-    sets = RULES[rule][1]
+    sets = RULES[rule].history_sets
     start = [rng.standard_normal(count).astype(f32) for _ in range(2 + sets)]
     if rule in ("AdaGrad", "RMSProp", "AdaDelta", "Adam"):
         start[2:] = [numpy.abs(h) for h in start[2:]]

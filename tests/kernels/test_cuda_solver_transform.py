@@ -23,7 +23,7 @@ from caffe_engine.kernels.cuda import CudaKernels
 from caffe_engine.kernels.cuda import solver as cuda_solver
 from caffe_engine.kernels.cuda import transform as cuda_transform
 from caffe_engine.kernels.cuda.emulator import EmulatedDevice, compiler_missing
-from caffe_engine.kernels.reference.solver import RULES, Hyper
+from caffe_engine.kernels.update_rules import RULES, Hyper
 from caffe_engine.proto import caffe_pb2
 from cuda_env import nvrtc_missing
 
@@ -96,7 +96,7 @@ def solver_case(rule, count, seed):
     momentum = 0 if rule in ("AdaGrad", "RMSProp") else 0.9
     param = caffe_pb2.SolverParameter(momentum=momentum, momentum2=0.999, delta=1e-8,
                                       rms_decay=0.98)
-    sets = RULES[rule][1]
+    sets = RULES[rule].history_sets
     start = [rng.standard_normal(count).astype(f32) for _ in range(2 + sets)]
     if rule in ("AdaGrad", "RMSProp", "AdaDelta", "Adam"):
         start[2 + sets - 1] = numpy.abs(start[2 + sets - 1])  # squared histories are >= 0

@@ -11,6 +11,7 @@ from caffe_engine.errors import CaffeError
 from caffe_engine.io import prototxt as pio
 from caffe_engine.proto import caffe_pb2
 from caffe_engine.kernels.reference import solver as updates
+from caffe_engine.kernels.update_rules import RULES, Hyper
 from caffe_engine.solvers import SOLVERS, SolverAction, get_solver
 from tiny_nets import SOFTMAX_DATA as DATA, SOFTMAX_LABEL as LABEL, SOFTMAX_NET as NET
 
@@ -75,12 +76,12 @@ NAIVE = {"SGD": naive_sgd, "Nesterov": naive_nesterov, "AdaGrad": naive_adagrad,
 
 @pytest.mark.parametrize("kind", sorted(NAIVE))
 def test_rule_matches_caffes_elementwise_order_bit_for_bit(kind):
-    rule, sets = updates.RULES[kind]
+    rule, sets = updates.KERNELS[kind], RULES[kind].history_sets
     param = caffe_pb2.SolverParameter(momentum=0.0 if kind in ("AdaGrad", "RMSProp") else 0.9,
                                       momentum2=0.999, delta=1e-6, rms_decay=0.98)
     if kind == "AdaDelta":
         param.momentum = 0.95
-    hyper = updates.Hyper(param)
+    hyper = Hyper(param)
     p = {"momentum": hyper.momentum, "momentum2": hyper.momentum2, "delta": hyper.delta,
          "rms_decay": hyper.rms_decay}
     rs = np.random.RandomState(3)
@@ -108,7 +109,7 @@ def test_rule_matches_caffes_elementwise_order_bit_for_bit(kind):
 
 
 def test_adam_bias_correction_uses_iter_plus_one():
-    hyper = updates.Hyper(caffe_pb2.SolverParameter(momentum=0.9, momentum2=0.999))
+    hyper = Hyper(caffe_pb2.SolverParameter(momentum=0.9, momentum2=0.999))
     b1, b2 = float(f32(0.9)), float(f32(0.999))  # the proto's floats, then double math
     for iteration in (0, 1, 9):
         hyper.t = iteration + 1
@@ -328,3 +329,11 @@ def test_weights_field_finetunes_train_and_test_nets(tmp_path, caplog):
         [f"Finetuning from {path}"] * 2
     for net in (solver.net, solver.test_nets[0]):
         assert np.array_equal(net.params["ip"][0].data, donor.net.params["ip"][0].data)
+
+
+def test_every_declared_rule_has_a_solver_and_a_naive_oracle():
+    # caffe_engine/kernels/update_rules.py declares the rules; each needs its solver class
+    # (Caffe's type string) and its naive loop here
+    assert set(SOLVERS) == set(RULES) == set(NAIVE)
+    for name, cls in SOLVERS.items():
+        assert cls.type == name

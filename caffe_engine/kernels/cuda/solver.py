@@ -27,13 +27,14 @@ import numpy
 
 from ...backend import get_array_module
 from ..reference import solver as reference
-from ..reference.solver import RULES, adam_correction
+from ..reference.solver import adam_correction
+from ..update_rules import RULES, require
 from .device import float32, int32
 from .source import Source
 
 f32 = numpy.float32
 
-#: update rule -> the kernel that runs its fused step
+#: update rule (declared in :mod:`..update_rules`) -> the kernel that runs its fused step
 KERNELS = {"SGD": "ce_solver_sgd", "Nesterov": "ce_solver_nesterov",
            "AdaGrad": "ce_solver_adagrad", "RMSProp": "ce_solver_rmsprop",
            "AdaDelta": "ce_solver_adadelta", "Adam": "ce_solver_adam"}
@@ -50,7 +51,11 @@ _STEP_ARGS = ("(n, data, diff, h0, h1, rate_on_device, rate_from_device, rate_ar
               "one_minus_beta1, one_plus_beta1, beta2, one_minus_beta2, delta, correction, "
               "normalise, iter_scale, regularise, decay, l1)")
 
-_CODE = r"""
+#: the declared code of each rule of :data:`KERNELS`, as the macros the CUDA source tests
+_RULE_CODES = "\n// Rule codes, as caffe_engine/kernels/update_rules.py declares them.\n" + "".join(
+    f"#define CE_SV_{name.upper()} {RULES[name].code}\n" for name in KERNELS)
+
+_CODE = _RULE_CODES + r"""
 // Rounded float32 (and float64) arithmetic that the compiler may not fuse.
 #ifdef __CUDACC__
 __device__ __forceinline__ float ce_sv_mul(float a, float b) { return __fmul_rn(a, b); }
@@ -75,10 +80,9 @@ __device__ __forceinline__ float ce_sv_sign(float w) {
   return w > 0.0f ? 1.0f : (w < 0.0f ? -1.0f : (w != w ? w : 0.0f));
 }
 
-// Rule codes: 0 SGD, 1 Nesterov, 2 AdaGrad, 3 RMSProp, 4 AdaDelta, 5 Adam. beta1 is the
-// momentum (RMSProp: rms_decay), beta2 Adam's momentum2; h1 is read and written by the
-// two-history rules (AdaDelta, Adam) only.
-template <int RULE>
+// RULE: a rule's code (the CE_SV_* macros above); beta1 is the momentum (RMSProp: rms_decay),
+// beta2 Adam's momentum2; h1 is read and written by the rules of TWO_SETS (AdaDelta, Adam).
+template <int RULE, int TWO_SETS>
 __device__ __forceinline__ void ce_solver_step_body""" + _STEP_PARAMS + r""" {
   const float rate = rate_from_device ? rate_on_device[0] : rate_arg;
   const float adam_rate = ce_sv_mul(rate, correction);
@@ -90,41 +94,42 @@ __device__ __forceinline__ void ce_solver_step_body""" + _STEP_PARAMS + r""" {
       g = ce_sv_add(g, l1 ? ce_sv_mul(ce_sv_sign(w), decay) : ce_sv_mul(w, decay));
     float v0 = h0[i];
     float v1 = 0.0f;
-    if (RULE == 0) {          // SGD: h = m h + rate g; g = h
+    if (RULE == CE_SV_SGD) {              // h = m h + rate g; g = h
       v0 = ce_sv_add(ce_sv_mul(v0, beta1), ce_sv_mul(g, rate));
       g = v0;
-    } else if (RULE == 1) {   // Nesterov: h' = m h + rate g; g = (1 + m) h' - m h
+    } else if (RULE == CE_SV_NESTEROV) {  // h' = m h + rate g; g = (1 + m) h' - m h
       const float old = v0;
       v0 = ce_sv_add(ce_sv_mul(old, beta1), ce_sv_mul(g, rate));
       g = ce_sv_add(ce_sv_mul(old, -beta1), ce_sv_mul(v0, one_plus_beta1));
-    } else if (RULE == 2) {   // AdaGrad: h += g g; g = rate (g / (sqrt(h) + delta))
+    } else if (RULE == CE_SV_ADAGRAD) {   // h += g g; g = rate (g / (sqrt(h) + delta))
       v0 = ce_sv_add(v0, ce_sv_mul(g, g));
       g = ce_sv_mul(ce_sv_div(g, ce_sv_add(ce_sv_sqrt(v0), delta)), rate);
-    } else if (RULE == 3) {   // RMSProp: h = d h + (1 - d) g g; g = rate (g / (sqrt(h) + delta))
+    } else if (RULE == CE_SV_RMSPROP) {   // h = d h + (1 - d) g g; g = rate (g / (sqrt(h) + delta))
       v0 = ce_sv_add(ce_sv_mul(v0, beta1), ce_sv_mul(ce_sv_mul(g, g), one_minus_beta1));
       g = ce_sv_mul(ce_sv_div(g, ce_sv_add(ce_sv_sqrt(v0), delta)), rate);
-    } else if (RULE == 4) {   // AdaDelta: h0 squared gradients, h1 squared updates
+    } else if (RULE == CE_SV_ADADELTA) {  // h0 squared gradients, h1 squared updates
       v1 = h1[i];
       v0 = ce_sv_add(ce_sv_mul(v0, beta1), ce_sv_mul(ce_sv_mul(g, g), one_minus_beta1));
       g = ce_sv_mul(g, ce_sv_sqrt(ce_sv_div(ce_sv_add(v1, delta), ce_sv_add(v0, delta))));
       v1 = ce_sv_add(ce_sv_mul(v1, beta1), ce_sv_mul(ce_sv_mul(g, g), one_minus_beta1));
       g = ce_sv_mul(g, rate);
-    } else {                  // Adam: h0 = m, h1 = v; g = (rate correction) (m / (sqrt(v) + delta))
+    } else if (RULE == CE_SV_ADAM) {      // h0 = m, h1 = v; g = rate corr. (m / (sqrt(v) + delta))
       v1 = h1[i];
       v0 = ce_sv_add(ce_sv_mul(v0, beta1), ce_sv_mul(g, one_minus_beta1));
       v1 = ce_sv_add(ce_sv_mul(v1, beta2), ce_sv_mul(ce_sv_mul(g, g), one_minus_beta2));
       g = ce_sv_mul(ce_sv_div(v0, ce_sv_add(ce_sv_sqrt(v1), delta)), adam_rate);
     }
     h0[i] = v0;
-    if (RULE >= 4) h1[i] = v1;
+    if (TWO_SETS) h1[i] = v1;
     diff[i] = g;                                                      // the update value
     data[i] = ce_sv_sub(w, g);                                        // Blob::Update
   }
 }
 """ + "".join(
     f'\nextern "C" __global__ void {name}{_STEP_PARAMS} {{\n'
-    f"  ce_solver_step_body<{code}>{_STEP_ARGS};\n}}\n"
-    for code, name in enumerate(KERNELS.values())) + r"""
+    f"  ce_solver_step_body<CE_SV_{rule.upper()}, {int(RULES[rule].history_sets > 1)}>"
+    f"{_STEP_ARGS};\n}}\n"
+    for rule, name in KERNELS.items()) + r"""
 // Sums of squares of a and b (n floats each) in float64: thread t adds up elements t,
 // t + parts, t + 2 parts, ... (neighbouring threads read neighbouring elements) into
 // partial[t] (a) and partial[parts + t] (b).
@@ -170,13 +175,12 @@ def make_step(device, rule):
     through the reference step instead, with the same results.
 
     Raises:
-        ValueError: ``rule`` is not one of :data:`KERNELS` (at make time); from ``step``, a
-            history list of the wrong length, or a device-held rate of more than one element.
+        ValueError: ``rule`` is not declared in :mod:`..update_rules` or not one of
+            :data:`KERNELS` (at make time); from ``step``, a history list of the wrong length,
+            or a device-held rate of more than one element.
     """
-    if rule not in KERNELS:
-        raise ValueError(f"unknown update rule {rule!r} (known: {', '.join(KERNELS)})")
+    sets = require(rule, "cuda", KERNELS).history_sets
     kernel = KERNELS[rule]
-    sets = RULES[rule][1]
     xp = device.xp
 
     def step(data, diff, history, local_rate, hyper, decay, l1, iter_scale):

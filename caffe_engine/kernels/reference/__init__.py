@@ -108,9 +108,15 @@ class ReferenceKernels:
 
     @staticmethod
     def update(rule):
-        """The fused solver step for update rule ``rule`` (a key of :data:`.solver.RULES`):
-        ``step(data, diff, history, local_rate, hyper, decay, l1, iter_scale)``, see
-        :func:`.solver.step`."""
+        """The fused solver step for update rule ``rule`` (a name declared in
+        :mod:`..update_rules`): ``step(data, diff, history, local_rate, hyper, decay, l1,
+        iter_scale)``, see :func:`.solver.step`.
+
+        Raises:
+            ValueError: ``rule`` is not declared, or has no reference kernel.
+        """
+        solver.kernel(rule)
+
         def step(data, diff, history, local_rate, hyper, decay, l1, iter_scale):
             solver.step(rule, data, diff, history, local_rate, hyper, decay, l1, iter_scale)
         return step

@@ -20,35 +20,22 @@ Arguments common to every rule:
     diff: float32 array, the param's gradient; overwritten with the update value.
     history: list of float32 arrays of ``diff``'s shape (one or two, see each rule).
     local_rate: float32, ``rate * lr_mult``.
-    hyper: :class:`Hyper` (float32 scalars read from the SolverParameter).
+    hyper: :class:`..update_rules.Hyper` (float32 scalars read from the SolverParameter).
     work: list of two float32 scratch arrays of ``diff``'s shape (Caffe's ``update_`` and
         ``temp_``), contents undefined on entry and exit.
 
-The functions run on NumPy or CuPy arrays alike (``xp`` from the arrays).
+The functions run on NumPy or CuPy arrays alike (``xp`` from the arrays). Each rule's codes,
+history sets and hyper-parameters are declared in :mod:`..update_rules`; :data:`KERNELS` maps
+the declared names to the functions here.
 """
 import math
 
 import numpy
 
 from ...backend import get_array_module
+from ..update_rules import require
 
 f32 = numpy.float32
-
-
-class Hyper:
-    """The float32 hyper-parameters an update rule reads (from a SolverParameter).
-
-    Fields: ``momentum`` (SolverParameter.momentum, default 0; Adam's beta1),
-    ``momentum2`` (0.999; Adam's beta2), ``delta`` (1e-8), ``rms_decay`` (0.99), and ``t``, the
-    1-based step count Adam's bias correction uses (``iter + 1``), set per iteration.
-    """
-
-    def __init__(self, param):
-        self.momentum = f32(param.momentum)
-        self.momentum2 = f32(param.momentum2)
-        self.delta = f32(param.delta)
-        self.rms_decay = f32(param.rms_decay)
-        self.t = 1
 
 
 def _axpby(a, x, b, y, scratch):
@@ -170,14 +157,28 @@ def adam(diff, history, local_rate, hyper, work):
     xp.multiply(temp, f32(local_rate * adam_correction(hyper)), out=diff)
 
 
+def kernel(rule):
+    """The function of update rule ``rule`` (a name declared in :mod:`..update_rules`).
+
+    Raises:
+        ValueError: ``rule`` is not declared, or has no function in :data:`KERNELS`.
+    """
+    require(rule, "reference", KERNELS)
+    return KERNELS[rule]
+
+
 def step(rule, data, diff, history, local_rate, hyper, decay, l1, iter_scale):
     """One param's whole solver step, as Caffe's ApplyUpdate does it for one param:
 
     ``diff *= iter_scale`` (Normalize, when ``iter_scale != 1``); ``diff += decay * data`` or,
     with ``l1``, ``decay * sign(data)`` (Regularize, when ``decay != 0``); the update ``rule``
-    (one of :data:`RULES`' names); then ``data -= diff`` (``Blob::Update``). ``diff`` keeps the
+    (a name of :data:`KERNELS`); then ``data -= diff`` (``Blob::Update``). ``diff`` keeps the
     update value, as in Caffe. Two scratch arrays shaped like ``diff`` are made per call.
+
+    Raises:
+        ValueError: as :func:`kernel`.
     """
+    update = kernel(rule)
     xp = get_array_module(diff)
     work = [xp.empty_like(diff), xp.empty_like(diff)]
     if iter_scale != 1:
@@ -190,7 +191,7 @@ def step(rule, data, diff, history, local_rate, hyper, decay, l1, iter_scale):
         else:
             xp.multiply(data, decay, out=scratch)
         diff += scratch
-    RULES[rule][0](diff, history, local_rate, hyper, work)
+    update(diff, history, local_rate, hyper, work)
     data -= diff
 
 
@@ -207,12 +208,12 @@ def param_norms(data, diff):
     return f32(math.sqrt(float(xp.dot(w, w)))), f32(math.sqrt(float(xp.dot(gr, gr))))
 
 
-#: solver type -> (update rule, number of history sets)
-RULES = {
-    "SGD": (sgd, 1),
-    "Nesterov": (nesterov, 1),
-    "AdaGrad": (adagrad, 1),
-    "RMSProp": (rmsprop, 1),
-    "AdaDelta": (adadelta, 2),
-    "Adam": (adam, 2),
+#: update rule name (:data:`..update_rules.RULES`) -> its function here
+KERNELS = {
+    "SGD": sgd,
+    "Nesterov": nesterov,
+    "AdaGrad": adagrad,
+    "RMSProp": rmsprop,
+    "AdaDelta": adadelta,
+    "Adam": adam,
 }
