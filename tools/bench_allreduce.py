@@ -348,7 +348,8 @@ def write_model_report(rows, out, fit_procs=None, stat="seconds", model_path=Non
     return predict
 
 
-def main(argv=None):
+def parser():
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
@@ -397,7 +398,12 @@ def main(argv=None):
                      help="compare with this saved link model (links_model.json of another"
                           " run) instead of fitting one on these rows")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    """Measure (or, with --worker, run one P's cells under mpiexec); returns the exit status."""
+    args = parser().parse_args(argv)
     if args.worker:
         return worker(args)
     if args.netlab:
