@@ -14,7 +14,7 @@ nccl-tests: busbw = bytes / time * 2 (P - 1) / P, the per-link traffic an optima
 With more processes than cores (this machine has 2), the P > cores rows measure the schedulers
 as much as the algorithms: read them as relative numbers.
 
-``results.json`` is what :func:`caffe_engine.comm.cost_model.fit_alpha_beta` reads.
+``results.json`` is what :func:`caffe_engine.perf.alpha_beta.fit_alpha_beta` reads.
 The ``--worker`` mode (internal) is what runs under mpiexec.
 
 On an emulated network (``--netlab``; needs root, see ``tools/netlab.py``) each P gets a lab of
@@ -35,7 +35,7 @@ the host links' and the intra-node rate in bits/s, ``"shm"`` for shared memory, 
 unshaped), and ``"labs"`` what each lab measured before the run: one TCP stream h0 -> h1 (and
 the loopback), and during it the machine's busy CPU share. ``--append`` merges the rows into
 an existing results.json (same cell: replaced). ``model.md`` beside them compares every cell
-with :class:`caffe_engine.comm.cost_model.LinkModel` fitted on those rows (``--fit-procs``
+with :class:`caffe_engine.perf.link_model.LinkModel` fitted on those rows (``--fit-procs``
 chooses the rows of the fit), and the plot draws its predictions dashed.
 """
 import argparse
@@ -83,7 +83,7 @@ def worker(args):
     from mpi4py import MPI
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from caffe_engine.comm.communicator import get_communicator
-    from caffe_engine.comm.cost_model import parse_algorithm
+    from caffe_engine.perf.schedules import parse_algorithm
     world = MPI.COMM_WORLD
     rows = []
     for name in args.algorithms:
@@ -311,22 +311,22 @@ def write_model_report(rows, out, fit_procs=None, stat="seconds", model_path=Non
     on a loopback; then measured against predicted for every row. Returns the model's predict
     function (for the plot), or None."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from caffe_engine.comm import cost_model
     from caffe_engine.errors import CaffeError
+    from caffe_engine.perf.link_model import LinkModel
+    from caffe_engine.perf.link_report import link_report
     try:
         if model_path:
-            model = cost_model.LinkModel.load(model_path)
+            model = LinkModel.load(model_path)
             model.source = f"{model_path} ({model.source})"
         else:
-            model = cost_model.LinkModel.fit(rows, procs=fit_procs, min_bytes=min_bytes,
-                                             stat=stat)
+            model = LinkModel.fit(rows, procs=fit_procs, min_bytes=min_bytes, stat=stat)
     except CaffeError as exc:
         print(f"no model: {exc}", file=sys.stderr)
         return None
     loop = [lab["stream_loopback_bits_per_s"] for lab in labs
             if lab.get("stream_loopback_bits_per_s")]
     if intra_path:
-        intra = cost_model.LinkModel.load(intra_path)
+        intra = LinkModel.load(intra_path)
         model.alpha_intra, model.beta_intra = intra.alpha_intra, intra.beta_intra
         model.source += f"; intra-node from {intra_path}"
     elif any((r.get("netlab") or {}).get("hosts") == 1 and r["procs"] > 1 for r in rows):
@@ -334,7 +334,7 @@ def write_model_report(rows, out, fit_procs=None, stat="seconds", model_path=Non
     elif loop:
         model.beta_intra = 8.0 / float(sorted(loop)[len(loop) // 2])
     model.save(os.path.join(out, "links_model.json"))
-    text = cost_model.link_report(model, rows, stat=stat)
+    text = link_report(model, rows, stat=stat)
     with open(os.path.join(out, "model.md"), "w") as f:
         f.write(text + "\n")
     print(text)
@@ -348,7 +348,8 @@ def write_model_report(rows, out, fit_procs=None, stat="seconds", model_path=Non
     return predict
 
 
-def main(argv=None):
+def parser():
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
@@ -397,7 +398,12 @@ def main(argv=None):
                      help="compare with this saved link model (links_model.json of another"
                           " run) instead of fitting one on these rows")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    """Measure (or, with --worker, run one P's cells under mpiexec); returns the exit status."""
+    args = parser().parse_args(argv)
     if args.worker:
         return worker(args)
     if args.netlab:

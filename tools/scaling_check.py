@@ -9,7 +9,7 @@ For each P in ``--procs``:
    and scaled by ``P / cores`` when P ranks share fewer cores (oversubscription). The per-layer
    gradient sizes come from the net; the allreduce time from the alpha-beta model fitted on
    ``tools/bench_allreduce.py`` (``--cost_model``, default ``docs/bench_allreduce_model.json``).
-   :func:`caffe_engine.comm.cost_model.iteration_time` adds them up, with the bucketed
+   :func:`caffe_engine.perf.iteration.iteration_time` adds them up, with the bucketed
    overlap the engine uses.
 2. **Measured.** ``mpiexec -n P caffe train`` (``caffe train`` for P = 1) on a copy of the
    solver with ``max_iter = --iters``, no testing and no snapshots; the iteration rate of a run
@@ -59,11 +59,11 @@ sent). The settings table then has the columns compress, density and bytes/iter:
 rank's bytes sent per iteration from the log's ``gradient traffic (...)`` lines (the median of
 those logged at iterations > ``--skip_iters``; dense runs log none: "-"). Without
 ``--compress`` no flag is passed and the table is as before. ``--link_model JSON`` (a
-:class:`caffe_engine.comm.cost_model.LinkModel`, e.g. docs/bench/netlab/1gbit/links_model.json)
+:class:`caffe_engine.perf.link_model.LinkModel`, e.g. docs/bench/netlab/1gbit/links_model.json)
 adds a predicted column per setting: the P = 1 median's time per iteration, times P / cores when
 the P ranks share fewer cores (each rank one BLAS thread), plus, for topk/gtopk, the measured
 CPU time of the selection (``topk_indices`` on each bucket, same scaling), plus the sum's time
-after backward (:func:`caffe_engine.comm.cost_model.compressed_allreduce_time` per bucket of the
+after backward (:func:`caffe_engine.perf.compressed.compressed_allreduce_time` per bucket of the
 ``--bucket_mb`` plan, no overlap).
 
     python tools/scaling_check.py --netlab --bandwidth 100mbit \
@@ -92,7 +92,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _launch  # noqa: E402  (tools/_launch.py: loads netlab.py beside this script)
 
 from caffe_engine.backend import cpu_cores  # noqa: E402
-from caffe_engine.comm import cost_model  # noqa: E402
+from caffe_engine.perf import alpha_beta, compressed, iteration, link_model  # noqa: E402
 from caffe_engine.comm.compress import METHODS as COMPRESS_METHODS  # noqa: E402 (--compress)
 from caffe_engine.errors import CaffeError  # noqa: E402
 from caffe_engine.io import prototxt  # noqa: E402
@@ -330,7 +330,7 @@ def add_predictions(rows, model, counts, cores, select_s):
     """Add ``predicted_s`` and ``predicted_parts`` ({compute, select, comm} seconds) to the
     rows with P > 1 and a compress setting, in place: the P = 1 row's time per iteration times
     max(1, P / cores), ``select_s[density]`` (topk/gtopk) times the same factor, and the sum of
-    :func:`cost_model.compressed_allreduce_time` over the buckets of ``counts`` floats."""
+    :func:`compressed.compressed_allreduce_time` over the buckets of ``counts`` floats."""
     base = next((r for r in rows if r["procs"] == 1), None)
     if base is None:
         return rows
@@ -341,7 +341,7 @@ def add_predictions(rows, model, counts, cores, select_s):
         share = max(1.0, r["procs"] / cores)
         method = r.get("compress") or "none"
         sel = select_s.get(r.get("density"), 0.0) if method in ("topk", "gtopk") else 0.0
-        comm = sum(cost_model.compressed_allreduce_time(method, 4 * n, r["procs"], model,
+        comm = sum(compressed.compressed_allreduce_time(method, 4 * n, r["procs"], model,
                                                         r.get("density") or 0.001)
                    for n in counts)
         r["predicted_parts"] = {"compute": t1 * share, "select": sel * share, "comm": comm}
@@ -603,7 +603,7 @@ def _main(args, argv):
 
     rows = summarize(runs, batch)
     if args.link_model:
-        model = cost_model.LinkModel.load(args.link_model)
+        model = link_model.LinkModel.load(args.link_model)
         bucket = args.bucket_mb[0] if args.bucket_mb[0] != "auto" else "25"
         counts = bucket_counts(grads, bucket)
         sel = {d: select_seconds(counts, d) for d in args.density}
@@ -636,7 +636,7 @@ def _main(args, argv):
 
 def predict(args, net_path, runs):
     """The local mode's table: predicted against measured (the first setting's median) per P."""
-    model = cost_model.AlphaBetaModel.load(args.cost_model)
+    model = alpha_beta.AlphaBetaModel.load(args.cost_model)
     grads = param_bytes(net_path)
     n_cores = cpu_cores()
     batch = _train_batch(net_path)
@@ -649,7 +649,7 @@ def predict(args, net_path, runs):
         times = {k: (f * share, b * share)
                  for k, (f, b) in layer_times(net_path, threads, args.time_iterations).items()}
         comm = (lambda n: 0.0) if p == 1 else (lambda n, p=p: model.predict(args.comm, n, p))
-        it = cost_model.iteration_time(times, grads, comm, overlap=overlap, bucket_mb=bucket)
+        it = iteration.iteration_time(times, grads, comm, overlap=overlap, bucket_mb=bucket)
         mine = [r["median"] for r in runs if r["procs"] == p and
                 r["bucket_mb"] in (None, args.bucket_mb[0]) and
                 r["overlap"] in (None, args.overlap[0])]

@@ -1,4 +1,4 @@
-"""Data parallelism between solver steps: communicators, gradient buckets, the cost model.
+"""Data parallelism between solver steps: communicators, gradient buckets.
 
 See :mod:`.communicator` for the interface (``allreduce_``, ``allreduce_async_``, ``bcast_``,
 ``barrier``), :mod:`.registry` for selection by name, :mod:`.tree` for FireCaffe's reduction
@@ -6,9 +6,9 @@ tree, :mod:`.hier` for the hierarchical (node-aware) allreduce, :mod:`.buckets` 
 the gradient allreduce with the backward pass, :mod:`.data_parallel` for the solver callback
 that makes a solver one rank of a data-parallel run (not imported here: it imports the
 solvers), :mod:`.distributed` for its pieces (ranks, seeds, record dealing, consistency checks,
-fault handling) and
-:mod:`.cost_model` for the alpha-beta model and predicted speedups. Nothing here imports MPI until
-it is asked for.
+fault handling). The performance
+models of these algorithms (alpha-beta, link model, DAG) are :mod:`caffe_engine.perf`. Nothing
+here imports MPI until it is asked for.
 
 The algorithm modules are imported here, in this order, so that they register themselves
 (:func:`.registry.register`); the order is that of ``ALGORITHMS`` and of the known names in

@@ -50,7 +50,7 @@ a node, _g on a node's link), N nodes of K ranks, L lanes, one chunk:
 - all-gather: as the reduce-scatter, reversed;
 - T = 2 (K - 1)(alpha_l + n/L beta_l) + T_inter, T_inter(ring) = 2 (N - 1)(alpha_g +
   n/N beta_g); with m chunks the phases overlap and T approaches the slowest phase plus the
-  pipeline's fill (``cost_model.link_schedule("hier", ...)``).
+  pipeline's fill (``caffe_engine.perf.schedules.link_schedule("hier", ...)``).
 
 Nodes: by default the ranks that share a machine (an ``MPI_COMM_TYPE_SHARED`` split); the
 environment variable ``CAFFE_NODE`` (a node name per rank, set on every rank or on none; e.g.

@@ -118,7 +118,7 @@ def test_calibrated_alpha_charges_what_the_model_missed_to_the_extra_messages():
 
 
 def test_a_cost_model_without_the_algorithm_s_formula_means_measuring(tmp_path):
-    from caffe_engine.comm.cost_model import AlphaBetaModel
+    from caffe_engine.perf.alpha_beta import AlphaBetaModel
     path = str(tmp_path / "model.json")
     AlphaBetaModel({"ring": {"alpha": 1e-3, "beta": 1e-9}}).save(path)
     alpha, beta = bucket_plan.model_alpha_beta(path, "ring", 4)

@@ -1,13 +1,12 @@
-"""Communication pieces that need no mpiexec: tree shape, chunking, selection, buckets, watchdog,
-cost model."""
-import json
+"""Communication pieces that need no mpiexec: tree shape, chunking, selection, buckets, watchdog
+(the cost model's tests are tests/perf/)."""
 import time
 import types
 
 import numpy
 import pytest
 
-from caffe_engine.comm import cost_model, distributed
+from caffe_engine.comm import distributed
 from caffe_engine.comm.buckets import plan_buckets
 from caffe_engine.comm.communicator import (Handle, LocalCommunicator, Watchdog, check_buffer,
                                             get_communicator, launcher_rank_size)
@@ -302,73 +301,6 @@ def test_config_check_single_process_passes():
     a = distributed.message_digest(caffe_pb2.NetParameter(name="x"))
     assert a == distributed.message_digest(caffe_pb2.NetParameter(name="x"))
     assert a != distributed.message_digest(caffe_pb2.NetParameter(name="y"))
-
-
-# -- cost model --------------------------------------------------------------------------------
-def synthetic_rows(alpha, beta):
-    rows = []
-    for alg in cost_model.ALGORITHMS:
-        for p in (2, 4, 8):
-            for n in (4096, 1 << 20, 32 << 20):
-                a_, b_ = cost_model.shape_terms(alg, p)
-                rows.append({"algorithm": alg, "procs": p, "bytes": n,
-                             "seconds": alpha[alg] * a_ + beta[alg] * n * b_})
-    return rows
-
-
-def test_fit_recovers_alpha_beta_and_round_trips(tmp_path):
-    alpha = {"tree": 2e-5, "ring": 1e-5, "ps": 3e-5, "mpi": 5e-6}
-    beta = {"tree": 1e-9, "ring": 2e-9, "ps": 1.5e-9, "mpi": 3e-10}
-    model = cost_model.AlphaBetaModel.fit(synthetic_rows(alpha, beta))
-    for alg in alpha:
-        assert model.params[alg]["alpha"] == pytest.approx(alpha[alg], rel=1e-6)
-        assert model.params[alg]["beta"] == pytest.approx(beta[alg], rel=1e-6)
-    path = tmp_path / "model.json"
-    model.save(path)
-    again = cost_model.AlphaBetaModel.load(path)
-    assert again.predict("tree", 1 << 20, 16) == pytest.approx(model.predict("tree", 1 << 20, 16))
-    assert model.predict("ps", 123, 1) == 0.0
-    results = tmp_path / "results.json"
-    results.write_text(json.dumps({"rows": synthetic_rows(alpha, beta)}))
-    assert cost_model.fit_alpha_beta(results).params["ring"]["beta"] == pytest.approx(2e-9)
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(CaffeError, match="cannot read"):
-        cost_model.AlphaBetaModel.load(tmp_path / "bad.json")
-
-
-def test_fit_never_gives_negative_parameters():
-    rows = [{"algorithm": "tree", "procs": p, "bytes": n, "seconds": 1e-3 + 1e-12 * n}
-            for p in (2, 4) for n in (1, 1 << 20)]
-    rows.append({"algorithm": "tree", "procs": 8, "bytes": 1, "seconds": 1e-4})
-    m = cost_model.AlphaBetaModel.fit(rows)
-    assert m.params["tree"]["alpha"] >= 0 and m.params["tree"]["beta"] >= 0
-
-
-def test_tree_grows_with_log_p_and_ps_with_p():
-    m = cost_model.AlphaBetaModel({"tree": {"alpha": 0, "beta": 1e-9},
-                                   "ps": {"alpha": 0, "beta": 1e-9}})
-    n = 30 << 20
-    assert m.predict("tree", n, 128) / m.predict("tree", n, 2) == pytest.approx(7)
-    assert m.predict("ps", n, 128) / m.predict("ps", n, 2) == pytest.approx(127)
-    assert cost_model.firecaffe_comm_time("tree", 1e6, 128, 1e9) == pytest.approx(2e-3 * 7)
-    assert cost_model.firecaffe_comm_time("ps", 1e6, 128, 1e9) == pytest.approx(0.128)
-
-
-def test_iteration_time_overlap_hides_communication():
-    layers = {"conv1": (0.01, 0.02), "conv2": (0.01, 0.02), "fc": (0.01, 0.02)}
-    grads = {"conv1": 4e6, "conv2": 4e6, "fc": 4e6}
-    comm = lambda n: n * 1e-9                                        # 4 ms per layer
-    plain = cost_model.iteration_time(layers, grads, comm, overlap=False)
-    over = cost_model.iteration_time(layers, grads, comm, overlap=True, bucket_mb=0)
-    assert plain["total"] == pytest.approx(0.03 + 0.06 + 0.012)
-    # fc's and conv2's buckets hide behind conv2's and conv1's backward; conv1's is exposed.
-    assert over["total"] == pytest.approx(0.03 + 0.06 + 0.004)
-    assert over["exposed"] == pytest.approx(0.004)
-    s = cost_model.predict_speedup(layers, grads, lambda n, p: comm(n) * (p > 1), [1, 4])
-    assert s[1] == pytest.approx(1.0) and s[4] == pytest.approx(4 * 0.09 / 0.102)
-    layers, grads = cost_model.uniform_layers(0.3, 30e6, num_layers=10)
-    assert sum(grads.values()) == pytest.approx(30e6)
-    assert sum(f + b for f, b in layers.values()) == pytest.approx(0.3)
 
 
 def test_an_mpi_error_stack_becomes_one_line_naming_its_cause():

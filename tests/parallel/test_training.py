@@ -148,7 +148,7 @@ def test_bucket_mb_auto_tries_its_plan_on_every_rank_alike(world, make, source, 
     alternate plans for 8 iterations (6..13) and then keep one; every rank must switch at the
     same iteration (else the buckets' sizes differ and the sums are wrong or hang), and the
     weights stay bitwise identical throughout (debug_sync raises on any difference)."""
-    from caffe_engine.comm.cost_model import AlphaBetaModel
+    from caffe_engine.perf.alpha_beta import AlphaBetaModel
     size = _size(world)
     if size < 2:
         pytest.skip("the planner's collectives need at least 2 ranks (mpiexec -n K>=2)")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from caffe_engine.comm import cost_model as cm
+from caffe_engine.perf.link_model import LinkModel
 from paths import ROOT
 
 SPEC = importlib.util.spec_from_file_location("bench_allreduce",
@@ -32,7 +32,7 @@ def test_merge_replaces_a_cell_of_the_same_lab_only():
 
 
 def test_replot_fits_and_reports(tmp_path):
-    truth = cm.LinkModel(alpha=500e-6, beta=8.4e-9)
+    truth = LinkModel(alpha=500e-6, beta=8.4e-9)
     rows = [{"algorithm": a, "procs": p, "bytes": n, "seconds": truth.predict(a, n, p),
              "min_seconds": truth.predict(a, n, p), "reps": 3,
              "netlab": dict(LAB, hosts=p)}
@@ -42,7 +42,7 @@ def test_replot_fits_and_reports(tmp_path):
                                    "1 Gbit/s, no delay"} for p in (2, 4, 8)]}]
     (tmp_path / "results.json").write_text(json.dumps({"rows": rows, "runs": runs}))
     assert bench.main(["--netlab", "--replot", "--out", str(tmp_path)]) == 0
-    model = cm.LinkModel.load(tmp_path / "links_model.json")
+    model = LinkModel.load(tmp_path / "links_model.json")
     assert model.alpha == pytest.approx(500e-6, rel=1e-6)
     assert model.beta == pytest.approx(8.4e-9, rel=1e-6)
     assert "24 rows" in model.source                     # --fit-min-bytes 4M: 1 MiB left out

@@ -228,7 +228,7 @@ def test_summary_and_table_with_compression_and_predictions():
         (1, None, None), (8, "none", None), (8, "gtopk", 0.001)]
     assert rows[2]["median"] == pytest.approx(0.9) and rows[2]["bytes_iter"] == 139700.0
     assert rows[1]["bytes_iter"] is None
-    model = sc.cost_model.LinkModel(1e-3, 1e-9)
+    model = sc.link_model.LinkModel(1e-3, 1e-9)
     sc.add_predictions(rows, model, [1_000_000], cores=2, select_s={0.001: 0.05})
     assert "predicted_s" not in rows[0]
     dense = rows[1]["predicted_parts"]
@@ -237,7 +237,7 @@ def test_summary_and_table_with_compression_and_predictions():
     sparse = rows[2]["predicted_parts"]
     assert sparse["select"] == pytest.approx(0.2)
     assert sparse["comm"] == pytest.approx(
-        sc.cost_model.compressed_allreduce_time("gtopk", 4e6, 8, model, 0.001))
+        sc.compressed.compressed_allreduce_time("gtopk", 4e6, 8, model, 0.001))
     table = sc.settings_table(rows).splitlines()
     assert table[0].startswith("| P | compress | density | --bucket_mb | overlap |")
     assert table[0].endswith("| measured/predicted |")
