@@ -27,6 +27,15 @@ class AxisMismatchException(Exception):
     """Two maps act on different first axes and cannot be composed."""
 
 
+class CropError(AssertionError, ValueError):
+    """What pycaffe's tool refuses with ``assert``: legacy ``_h``/``_w`` fields, or a crop that
+    would scale, or take a negative or fractional offset.
+
+    An AssertionError, as pycaffe raises (its tests catch that), raised explicitly so that
+    ``python -O`` keeps the check; also a ValueError, as the engine raised before.
+    """
+
+
 def _vector(value):
     return numpy.array(value, ndmin=1)
 
@@ -39,14 +48,14 @@ def conv_params(fn):
     the flat keyword arguments NetSpec files under them.
 
     Raises:
-        ValueError: the layer uses the legacy ``kernel_h``/``stride_w``/``pad_h`` ... fields,
+        CropError: the layer uses the legacy ``kernel_h``/``stride_w``/``pad_h`` ... fields,
             which (as in Caffe's tool) cropping does not support.
     """
     params = fn.params.get("convolution_param", fn.params.get("pooling_param", fn.params))
     legacy = {"pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w"} & set(params)
     if legacy:
-        raise ValueError(f"coord_map: {fn.type_name} uses {', '.join(sorted(legacy))}; cropping "
-                         f"does not support the legacy _h/_w fields")
+        raise CropError(f"cropping does not support legacy _h/_w params ({fn.type_name} uses "
+                        f"{', '.join(sorted(legacy))})")
     extent = (_vector(params["kernel_size"]) - 1) * _vector(params.get("dilation", 1)) + 1
     return (params.get("axis", 1), _vector(params.get("stride", 1)), extent,
             _vector(params.get("pad", 0)))
@@ -156,15 +165,16 @@ def crop(top_from, top_to):
         (``axis`` the first spatial axis: the maps' channel axis + 1).
 
     Raises:
-        ValueError: the map scales (a != 1), would crop a negative or a fractional width.
+        CropError: the map scales (a != 1), or would crop at a negative or fractional offset
+            (pycaffe's messages).
     """
     axis, a, b = coord_map_from_to(top_from, top_to)
     a, b = numpy.asarray(a), numpy.asarray(b)
     if not (a == 1).all():
-        raise ValueError(f"scale mismatch on crop (a = {a})")
+        raise CropError(f"scale mismatch on crop (a = {a})")
     if not (b <= 0).all():
-        raise ValueError(f"cannot crop negative width (b = {b})")
+        raise CropError(f"cannot crop negative offset (b = {b})")
     if not (numpy.round(b) == b).all():
-        raise ValueError(f"cannot crop noninteger width (b = {b})")
+        raise CropError(f"cannot crop noninteger offset (b = {b})")
     offsets = [int(v) for v in numpy.ravel(-numpy.round(b))]
     return _layers.Crop(top_from, top_to, crop_param=dict(axis=axis + 1, offset=offsets))

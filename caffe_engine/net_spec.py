@@ -101,13 +101,18 @@ class Top:
 
 
 class Function:
-    """A layer: its type, its input Tops and its parameters (keyword arguments)."""
+    """A layer: its type, its input Tops and its parameters (keyword arguments).
+
+    Raises:
+        TypeError: an input is not a Top, with pycaffe's message (``Silence input 0 is not a
+            Top (type is <class 'tuple'>)``).
+    """
 
     def __init__(self, type_name, inputs, params):
         self.type_name = type_name
         for index, inp in enumerate(inputs):
             if not isinstance(inp, Top):
-                raise TypeError(f"{type_name} input {index} is not a Top (type is {type(inp).__name__})")
+                raise TypeError(f"{type_name} input {index} is not a Top (type is {type(inp)})")
         self.inputs = inputs
         self.params = dict(params)
         self.ntop = self.params.pop("ntop", 1)

@@ -22,10 +22,11 @@ def _pb2():
 def blobproto_to_array(blob, return_diff=False):
     """A ``BlobProto``'s ``data`` (or ``diff``) as a float64 array of its shape, by the
     codec's rules (:func:`caffe_engine.io.blobproto.proto_to_array`: the legacy 4-D shape when
-    any of its fields is set, else ``shape.dim``).
+    any of its fields is set, else ``shape.dim``; neither: a scalar).
 
     Raises:
-        CaffeError: the number of values does not fit the shape.
+        BlobProtoCountError: the number of values does not fit the shape; a CaffeError, and
+            the ValueError pycaffe raises there.
     """
     return proto_to_array(blob, diff=return_diff, dtype=numpy.float64)
 

@@ -24,6 +24,12 @@ from ..errors import CaffeError
 LEGACY_FIELDS = ("num", "channels", "height", "width")
 
 
+class BlobProtoCountError(CaffeError, ValueError):
+    """A BlobProto's number of values does not fit its shape (e.g. values and no shape at
+    all); also a ValueError, which pycaffe's ``caffe.io.blobproto_to_array`` raises there (its
+    NumPy reshape fails)."""
+
+
 def _pb2():
     from ..proto import caffe_pb2
     return caffe_pb2
@@ -63,7 +69,8 @@ def proto_to_array(proto, diff=False, dtype=numpy.float32, what="BlobProto"):
         numpy.ndarray of :func:`proto_shape` (legacy shapes keep their four axes).
 
     Raises:
-        CaffeError: the number of values does not match the shape.
+        BlobProtoCountError: the number of values does not match the shape (a proto with no
+            shape fields at all describes a scalar: one value).
     """
     doubles, floats = (proto.double_diff, proto.diff) if diff else (proto.double_data, proto.data)
     if len(doubles):
@@ -73,7 +80,8 @@ def proto_to_array(proto, diff=False, dtype=numpy.float32, what="BlobProto"):
     shape = proto_shape(proto)
     count = int(numpy.prod(shape, dtype=numpy.int64)) if shape else 1
     if values.size != count:
-        raise CaffeError(f"{what}: holds {values.size} values but its shape {shape} needs {count}")
+        raise BlobProtoCountError(f"{what}: holds {values.size} values but its shape {shape} "
+                                  f"needs {count}")
     return values.astype(dtype, copy=False).reshape(shape)
 
 

@@ -24,7 +24,6 @@ import os
 import sys
 
 from ..blob import Blob
-from ..errors import CaffeError
 from .base import Layer, register
 
 
@@ -103,11 +102,14 @@ class PythonLayer(Layer):
 
     Raises:
         CaffeError naming the layer: module or layer missing; the module cannot be imported; it
-        has no such class; the class's constructor fails; any exception inside the user's
-        ``setup``/``reshape``/``forward``/``backward`` (one line with the module, class, method,
-        exception type and message; the original exception is chained as ``__cause__``).
+        has no such class; the class's constructor fails (one line with the module, class,
+        exception type and message; the original exception chained as ``__cause__``).
+        The user's own exception from ``setup``/``reshape``/``forward``/``backward``
+        propagates unchanged, as in pycaffe (python_layer.hpp calls the method and Boost.Python
+        hands the Python error back to the caller); on Python 3.11+ it carries a note naming
+        the layer, the module, class and method.
 
-    Caffe: include/caffe/layers/python_layer.hpp.
+    Caffe: include/caffe/layers/python_layer.hpp, src/caffe/layer_factory.cpp.
     """
 
     def __init__(self, param, phase):
@@ -152,10 +154,11 @@ class PythonLayer(Layer):
     def _call(self, method, *args):
         try:
             return getattr(self.impl, method)(*args)
-        except CaffeError:
-            raise
         except Exception as exc:
-            raise self._user_error(method, exc) from exc
+            if hasattr(exc, "add_note"):  # PEP 678, Python 3.11+: shown under the traceback
+                exc.add_note(f"in Python layer '{self.name}' "
+                             f"({self.module_name}.{self.class_name}.{method}())")
+            raise
 
     def layer_setup(self, bottom, top):
         self.impl.param_str = self.param.python_param.param_str

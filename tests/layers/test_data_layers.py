@@ -870,17 +870,22 @@ def test_python_layer_accepts_plain_classes(user_module):
     assert (net.blobs["x"].diff == 1).all()
 
 
-def test_python_layer_errors_are_one_line_caffe_errors(user_module):
-    net = python_net(user_module, "Broken", loss=False)
-    with pytest.raises(CaffeError) as info:
-        net.forward()
-    message = str(info.value)
-    assert "\n" not in message
-    assert "'py'" in message and user_module in message and "Broken.forward()" in message
-    assert "ValueError: something went wrong" in message
-    with pytest.raises(CaffeError, match=r"Plain.setup\(\) raised Exception: Need exactly one "
-                                         r"bottom, got 0"):
+def test_python_layer_own_exceptions_propagate_unchanged(user_module):
+    # pycaffe (issue 28): python_layer.hpp calls the user's method and Boost.Python hands its
+    # exception back to the caller as it was raised; BVLC's test_python_layer.test_exception.
+    layer, _ = make(f'name: "py" type: "Python" bottom: "x" top: "out" python_param {{ '
+                    f'module: "{user_module}" layer: "Broken" }}', 1, bottoms=[Blob((2, 3))])
+    with pytest.raises(ValueError) as info:
+        layer.forward([Blob((2, 3))], [Blob((1,))])
+    assert type(info.value) is ValueError and str(info.value) == "something went wrong"
+    if sys.version_info >= (3, 11):     # PEP 678 note naming the layer, under the traceback
+        assert info.value.__notes__ == [f"in Python layer 'py' ({user_module}.Broken.forward())"]
+    with pytest.raises(Exception) as info:
         python_net(user_module, "Plain", bottoms=0, loss=False)
+    assert type(info.value) is Exception and str(info.value) == "Need exactly one bottom,\n got 0"
+
+
+def test_python_layer_configuration_errors_are_one_line_caffe_errors(user_module):
     with pytest.raises(CaffeError, match="has no layer class 'Nope'"):
         python_net(user_module, "Nope")
     with pytest.raises(CaffeError, match="import"):
