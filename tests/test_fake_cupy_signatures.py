@@ -40,6 +40,26 @@ WRONG_CALLS = (
     "cp.random.RandomState(0).uniform(0, 1, 3, numpy.float32, 7)",
 )
 
+#: wrong calls that real CuPy refuses with TypeError before it touches a device (so they can
+#: be tried on it here, without a GPU), each with ``cp`` a CuPy module and ``h`` a host array
+DEVICE_FREE_WRONG_CALLS = (
+    "cp.zeros((2, 3), numpy.float32, like=h)",
+    "cp.zeros()",
+    "cp.asarray(h, like=h)",
+    "cp.array(h, like=h)",
+    "cp.asnumpy(h, copy=True)",
+    "cp.copyto(h, h, 'safe', None, 1)",
+    "cp.get_array_module(h, foo=1)",
+    "cp.RawModule('extern \"C\" __global__ void k() {}')",
+    "cp.RawModule(code='', jitfy=True)",
+    "cp.cuda.alloc_pinned_memory()",
+    "cp.cuda.get_current_stream(0, 1)",
+    "cp.cuda.runtime.getDeviceCount(0)",
+    "cp.cuda.runtime.getDeviceProperties()",
+    "cp.lib.stride_tricks.as_strided(h, None, None, None)",
+    "cp.get_default_memory_pool(0)",
+)
+
 
 @pytest.fixture
 def cp(monkeypatch):
@@ -55,6 +75,31 @@ def test_a_call_cupy_refuses_raises_type_error(cp, call):
     a = cp.arange(6, dtype=numpy.float32).reshape(2, 3)
     with pytest.raises(TypeError, match=r"cupy\.\S+: .*CuPy \d+\.\d+\.\d+ takes \("):
         eval(call, {"cp": cp, "a": a, "numpy": numpy})   # noqa: S307 - the literals above
+
+
+@pytest.mark.parametrize("call", DEVICE_FREE_WRONG_CALLS)
+def test_the_fake_refuses_them(cp, call):
+    h = numpy.zeros(1, numpy.float32)
+    with pytest.raises(TypeError, match=r"CuPy \d+\.\d+\.\d+ takes \("):
+        eval(call, {"cp": cp, "h": h, "numpy": numpy})   # noqa: S307 - the literals above
+
+
+@pytest.mark.parametrize("call", DEVICE_FREE_WRONG_CALLS)
+def test_the_installed_cupy_refuses_them_too(call):
+    """What the recording says CuPy refuses, the installed CuPy refuses (these calls fail on
+    their arguments, before any device is touched: no GPU needed)."""
+    real = _installed_cupy()
+    h = numpy.zeros(1, numpy.float32)
+    with pytest.raises(TypeError):
+        eval(call, {"cp": real, "h": h, "numpy": numpy})   # noqa: S307 - the literals above
+
+
+def _installed_cupy():
+    """The real CuPy module; the test is skipped where it is not installed."""
+    real = pytest.importorskip("cupy", reason="CuPy is not installed: nothing to compare")
+    if real.__version__.endswith("-fake"):
+        pytest.skip("the fake is installed as cupy")
+    return real
 
 
 def test_a_launch_with_a_wrong_keyword_raises_type_error(cp):
@@ -148,9 +193,7 @@ def test_the_recording_matches_the_installed_cupy():
     """Where CuPy is installed, every recorded name still exists with the recorded signature
     (names CuPy added since are simply not served by the fake). On a mismatch, regenerate:
     ``python tests/fake_cupy/record_signatures.py``."""
-    real = pytest.importorskip("cupy", reason="CuPy is not installed: nothing to compare")
-    if real.__version__.endswith("-fake"):
-        pytest.skip("the fake is installed as cupy")
+    _installed_cupy()
     from fake_cupy.record_signatures import record
     now = record()
     stale = []
