@@ -40,6 +40,10 @@ like CuPy's where a real GPU run would fail or stall:
   ``ndarray``'s attributes) are the recorded CuPy's too;
 * ``base`` of a view is the one owning device array, the same object each time (CuPy's).
 
+Not imitated (absent, an AttributeError): CuPy's ``ElementwiseKernel``, ``ReductionKernel``
+and ``fuse``, ``linalg``, ``fft`` and ``testing``; the engine launches its kernels through
+``RawModule`` only.
+
 What it cannot show: timing and races (streams and events are no-ops and global, not per
 thread; copies happen at once, so a host buffer reused before its asynchronous copy ends, or a
 device buffer read before the copy stream's event, looks fine); CuPy's memory pool; curand's

@@ -84,8 +84,6 @@ OVERRIDES = {
     # size_t shared_mem=0, stream=None, enable_cooperative_groups=False)``, the last given
     # by RawKernel itself (so a caller's is a duplicate keyword)
     "RawKernel.__call__": "(grid, block, args, *, shared_mem=..., stream=...)",
-    # cupy/__init__.py ``get_array_module(*args)``: any arrays
-    "get_array_module": "(*args)",
 }
 
 
