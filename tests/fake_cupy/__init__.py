@@ -22,9 +22,9 @@ like CuPy's where a real GPU run would fail or stall:
   :data:`stats` ``["sync_sites"]``), and so are CuPy's implicit ones: functions whose output
   size depends on the data (``nonzero``, ``unique``, ``bincount``, boolean-mask indexing...);
   explicit synchronizes are counted apart (``["explicit_syncs"]``);
-* only what real CuPy has exists: module functions are NumPy's of the names the installed CuPy
-  defines, array methods those of ``cupy.ndarray`` (``.ctypes``, ``.itemset``... raise
-  AttributeError);
+* only what real CuPy has exists: module functions are NumPy's of the names CuPy defines,
+  array methods those of ``cupy.ndarray`` (``.ctypes``, ``.itemset``... raise
+  AttributeError), both as recorded (below);
 * :class:`RawModule` compiles the kernels' CUDA source with the emulator's g++ shim and runs a
   launch serially on the arrays' memory, checking it against the kernel's C signature: the
   argument count, device arrays (C-contiguous) for pointers, and for scalars a NumPy scalar of
@@ -33,9 +33,16 @@ like CuPy's where a real GPU run would fail or stall:
   argument); pointers' element types that differ from the parameter's are recorded in
   ``stats["pointer_mismatches"]`` (CuPy passes any pointer); ``(grid,)``/``(block,)`` tuples
   within CUDA's limits;
-* calls are bound to the installed real CuPy's signatures (``inspect``, or the Cython
-  docstring's first line), so a NumPy-only keyword raises CuPy's TypeError;
+* every call is bound to the real CuPy's signature, recorded in ``cupy_signatures.json``
+  (:mod:`.signatures`; ``record_signatures.py`` writes it from a real CuPy), so a NumPy-only
+  keyword, a misspelt one or a wrong number of arguments raises TypeError naming CuPy's
+  signature, with or without CuPy installed here; the names that exist (module functions,
+  ``ndarray``'s attributes) are the recorded CuPy's too;
 * ``base`` of a view is the one owning device array, the same object each time (CuPy's).
+
+Not imitated (absent, an AttributeError): CuPy's ``ElementwiseKernel``, ``ReductionKernel``
+and ``fuse``, ``linalg``, ``fft`` and ``testing``; the engine launches its kernels through
+``RawModule`` only.
 
 What it cannot show: timing and races (streams and events are no-ops and global, not per
 thread; copies happen at once, so a host buffer reused before its asynchronous copy ends, or a
@@ -58,10 +65,8 @@ import weakref
 
 import numpy
 
-try:  # the installed real CuPy says which names exist (importing it needs no GPU)
-    import cupy as _real
-except Exception:  # noqa: BLE001 - without it, NumPy's names stand in
-    _real = None
+from .signatures import check as _check_call, imitates as _imitates, module_names, ndarray_has
+
 
 def _fresh_stats():
     return {"syncs": 0, "sync_sites": [], "explicit_syncs": 0, "numpy_calls": [], "launches": 0,
@@ -193,6 +198,7 @@ class ndarray:
     __array_priority__ = 100
     __hash__ = None
 
+    @_imitates("ndarray")
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         if memptr is not None or strides is not None:
             raise NotImplementedError("fake cupy.ndarray: memptr/strides")
@@ -251,6 +257,7 @@ class ndarray:
         return mine(*args, **kwargs)
 
     # -- host reads (counted) ---------------------------------------------------------------
+    @_imitates("ndarray.get")
     def get(self, stream=None, order="C", out=None, blocking=True):
         if blocking or stream is None:
             _count_sync("get")
@@ -265,16 +272,19 @@ class ndarray:
             return out
         return numpy.array(self._a, order=order)
 
+    @_imitates("ndarray.item")
     def item(self):
         if self.size != 1:
             raise ValueError("can only convert an array of size 1 to a Python scalar")
         _count_sync("item")
         return self._a.item()
 
+    @_imitates("ndarray.tolist")
     def tolist(self):
         _count_sync("tolist")
         return self._a.tolist()
 
+    @_imitates("ndarray.tobytes")
     def tobytes(self, order="C"):
         _count_sync("tobytes")
         return self._a.tobytes(order)
@@ -312,6 +322,7 @@ class ndarray:
         return format(self._a.item() if self.ndim == 0 else self._a, spec)
 
     # -- host writes ------------------------------------------------------------------------
+    @_imitates("ndarray.set")
     def set(self, arr, stream=None):
         if not isinstance(arr, numpy.ndarray):
             raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
@@ -373,15 +384,14 @@ class ndarray:
         self._a[key] = _unwrap(value)
 
     def __getattr__(self, name):
-        if name.startswith("__") or (_real is not None and not hasattr(_real.ndarray, name)):
+        if name.startswith("_") or not ndarray_has(name):
             raise AttributeError(f"'cupy.ndarray' object has no attribute '{name}'")
         method = getattr(self._a, name)
         if not callable(method):
             return _wrap(method)
-        real = getattr(_real.ndarray, name, None) if _real is not None else None
 
         def call(*args, **kwargs):
-            _check_call(f"ndarray.{name}", real, args, kwargs, method=True)
+            _check_call(f"ndarray.{name}", args, kwargs)
             if name in ("nonzero", "compress"):
                 _count_sync(f"implicit:ndarray.{name}")
             _count_op(f"ndarray.{name}" if name not in _NO_LAUNCH else name)
@@ -437,87 +447,6 @@ def _unwrap_index(key):
 # ------------------------------------------------------------------------------------------------
 # module functions: NumPy's, for the names real CuPy has
 # ------------------------------------------------------------------------------------------------
-def _has(module_path, name):
-    if _real is None:
-        return True
-    obj = _real
-    for part in module_path:
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return False
-    return hasattr(obj, name)
-
-
-def _split_params(text):
-    depth, part, parts = 0, "", []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(part)
-            part = ""
-        else:
-            part += ch
-    return parts + ([part] if part.strip() else [])
-
-
-def _signature_of(obj, method=False):
-    """The installed real CuPy's signature of ``obj`` (inspect's, else the one on the first
-    line of a Cython docstring), without ``self``; None when it cannot be told."""
-    import inspect
-    import re
-    try:
-        sig = inspect.signature(obj)
-        if method:
-            params = list(sig.parameters.values())[1:]
-            sig = sig.replace(parameters=params)
-        return sig
-    except (TypeError, ValueError):
-        pass
-    first = (getattr(obj, "__doc__", None) or "").strip().splitlines()[:1]
-    m = re.match(r"[\w.]+\((.*)\)(\s*->.*)?$", first[0].strip()) if first else None
-    if not m:
-        return None
-    names = []
-    for raw in _split_params(m.group(1).replace("\\*", "*")):
-        raw = raw.strip()
-        if raw in ("*", "/") or raw.startswith("*"):
-            names.append(raw.split()[-1] if raw.startswith("*") and " " in raw else raw)
-            continue
-        lhs, eq, _ = raw.partition("=")
-        word = lhs.split()[-1]
-        names.append(f"{word}=None" if eq else word)
-    if names and names[0] == "self":
-        names = names[1:]
-    namespace = {}
-    try:
-        exec(f"def _f({', '.join(names)}): pass", namespace)   # noqa: S102 - our own text
-    except SyntaxError:
-        return None
-    return inspect.signature(namespace["_f"])
-
-
-_SIGNATURES = {}
-
-
-def _check_call(key, real, args, kwargs, method=False):
-    """Bind a call to the real CuPy callable's signature: CuPy's TypeError for an argument it
-    does not take (a NumPy-only keyword, a missing required one)."""
-    if real is None:
-        return
-    if key not in _SIGNATURES:
-        _SIGNATURES[key] = _signature_of(real, method)
-    sig = _SIGNATURES[key]
-    if sig is None:
-        return
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"cupy {key}: {exc} (CuPy's signature {sig})") from None
-
-
 #: functions whose output shape depends on the data: CuPy reads a count back (a host sync;
 #: bincount always reads ``max(x)``, cupy/_statistics/histogram.py)
 _IMPLICIT_SYNC = {"nonzero", "argwhere", "flatnonzero", "unique", "bincount", "compress",
@@ -525,11 +454,10 @@ _IMPLICIT_SYNC = {"nonzero", "argwhere", "flatnonzero", "unique", "bincount", "c
 
 
 def _wrap_function(fn, name):
-    real = getattr(_real, name, None)
     ufunc = isinstance(fn, numpy.ufunc)
 
     def call(*args, **kwargs):
-        _check_call(name, real, args, kwargs)
+        _check_call(name, args, kwargs)
         if ufunc:
             for a in args:
                 if isinstance(a, (list, tuple)):   # CuPy's ufuncs take no sequences
@@ -545,15 +473,11 @@ def _wrap_function(fn, name):
     return call
 
 
-_SPECIAL = {"ndarray", "asarray", "array", "asanyarray", "copyto", "asnumpy", "get_array_module",
-            "RawModule", "RawKernel", "cuda", "random", "lib", "ElementwiseKernel",
-            "ReductionKernel", "fuse", "testing", "linalg", "fft"}
-
-
 def _populate(namespace):
-    names = dir(_real) if _real is not None else dir(numpy)
-    for name in names:
-        if name.startswith("_") or name in _SPECIAL or not hasattr(numpy, name):
+    """NumPy's objects under the recorded CuPy module names: types, dtypes and constants as
+    they are, functions wrapped (bound to CuPy's signature, arrays kept on the device)."""
+    for name in module_names():
+        if not hasattr(numpy, name):
             continue
         obj = getattr(numpy, name)
         if isinstance(obj, (type, numpy.dtype, types.ModuleType)) or not callable(obj):
@@ -566,6 +490,7 @@ _FUNCTIONS = {}
 _populate(_FUNCTIONS)
 
 
+@_imitates("asarray")
 def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
@@ -573,6 +498,7 @@ def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):
     return ndarray._of(numpy.array(_unwrap_host_ok(a), dtype=dtype, order=order or "K"))
 
 
+@_imitates("array")
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocking=False):
     if isinstance(obj, ndarray):
         return ndarray._of(numpy.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
@@ -580,7 +506,9 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocki
     return ndarray._of(numpy.array(_unwrap_host_ok(obj), dtype=dtype, order=order, ndmin=ndmin))
 
 
-asanyarray = asarray
+@_imitates("asanyarray")
+def asanyarray(a, dtype=None, order=None, *, copy=None, blocking=False):
+    return asarray(a, dtype, order, copy=copy, blocking=blocking)
 
 
 def _unwrap_host_ok(value):
@@ -591,6 +519,7 @@ def _unwrap_host_ok(value):
     return value
 
 
+@_imitates("copyto")
 def copyto(dst, src, casting="same_kind", where=None):
     if not isinstance(dst, ndarray):
         raise TypeError(f"Argument 'dst' has incorrect type (expected cupy.ndarray, got "
@@ -604,12 +533,14 @@ def copyto(dst, src, casting="same_kind", where=None):
                  where=True if where is None else _unwrap(where))
 
 
+@_imitates("asnumpy")
 def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
     if isinstance(a, ndarray):
         return a.get(stream=stream, order=order, out=out)
     return numpy.asarray(a, order=order)
 
 
+@_imitates("get_array_module")
 def get_array_module(*args):
     import sys as _sys
     for a in args:
@@ -655,7 +586,8 @@ class RawModule:
     """CuPy's ``RawModule(code=..., options=...)``: the code compiled by g++ with the
     emulator's shim; :meth:`get_function` gives a launchable :class:`RawKernel`."""
 
-    def __init__(self, code=None, *, path=None, options=(), backend="nvrtc",
+    @_imitates("RawModule")
+    def __init__(self, *, code=None, path=None, options=(), backend="nvrtc",
                  translate_cucomplex=False, enable_cooperative_groups=False,
                  name_expressions=None, jitify=False):
         if code is None or path is not None:
@@ -670,6 +602,7 @@ class RawModule:
         self._library = ctypes.CDLL(library)
         self._params = _parse_params(code)
 
+    @_imitates("RawModule.get_function")
     def get_function(self, name):
         if name not in self._params:
             raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
@@ -684,7 +617,8 @@ class RawKernel:
         k._function.restype = None
         return k
 
-    def __call__(self, grid, block, args, *, shared_mem=0):
+    @_imitates("RawKernel.__call__")
+    def __call__(self, grid, block, args, *, shared_mem=0, stream=None):
         for what, dims in (("grid", grid), ("block", block)):
             if not isinstance(dims, tuple) or not 1 <= len(dims) <= 3 or \
                     not all(isinstance(d, (int, numpy.integer)) and d >= 1 for d in dims):
@@ -696,6 +630,9 @@ class RawKernel:
             raise ValueError(f"{self.name}: grid {grid} beyond CUDA's limits")
         if not isinstance(args, tuple):
             raise TypeError(f"{self.name}: args must be a tuple, got {type(args).__name__}")
+        if stream is not None and not isinstance(stream, _Stream):
+            raise TypeError(f"{self.name}: stream must be a cupy.cuda.Stream, got "
+                            f"{type(stream).__name__}")
         if len(args) != len(self._params):
             raise TypeError(f"{self.name}: {len(args)} arguments for {len(self._params)} "
                             "parameters")
@@ -739,26 +676,33 @@ class RawKernel:
 class RandomState:
     """``cupy.random.RandomState``: NumPy's MT19937 standing in for curand (other words)."""
 
+    @_imitates("random.RandomState")
     def __init__(self, seed=None, method=None):
         self._rs = numpy.random.RandomState(seed)
 
+    @_imitates("random.RandomState.randint")
     def randint(self, low, high=None, size=None, dtype=int):
         return _wrap(numpy.asarray(self._rs.randint(low, high, size=size, dtype=dtype)))
 
+    @_imitates("random.RandomState.random_sample")
     def random_sample(self, size=None, dtype=float):
         return _wrap(numpy.asarray(self._rs.random_sample(size)).astype(dtype))
 
+    @_imitates("random.RandomState.uniform")
     def uniform(self, low=0.0, high=1.0, size=None, dtype=float):
         return _wrap(numpy.asarray(self._rs.uniform(low, high, size)).astype(dtype))
 
+    @_imitates("random.RandomState.normal")
     def normal(self, loc=0.0, scale=1.0, size=None, dtype=float):
         return _wrap(numpy.asarray(self._rs.normal(loc, scale, size)).astype(dtype))
 
 
+@_imitates("lib.stride_tricks.as_strided")
 def _as_strided(x, shape=None, strides=None):
     return _wrap(numpy.lib.stride_tricks.as_strided(_unwrap(x), shape, strides))
 
 
+@_imitates("cupyx.scatter_add")
 def _scatter_add(a, slices, value):
     numpy.add.at(_unwrap(a), _unwrap_index(slices), _unwrap(value))
 
@@ -767,14 +711,17 @@ def _scatter_add(a, slices, value):
 # cupy.cuda: one device, no-op streams and events
 # ------------------------------------------------------------------------------------------------
 class _Device:
+    @_imitates("cuda.Device")
     def __init__(self, device=None):
         self.id = 0 if device is None else int(device)
         if self.id != 0:
             raise RuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
 
+    @_imitates("cuda.Device.use")
     def use(self):
         pass
 
+    @_imitates("cuda.Device.synchronize")
     def synchronize(self):
         _count_explicit(type(self).__name__)
 
@@ -795,38 +742,43 @@ class _Device:
 
 
 class _Event:
+    @_imitates("cuda.Event")
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.done = True
 
+    @_imitates("cuda.Event.record")
     def record(self, stream=None):
         if stream is not None and not isinstance(stream, _Stream):
             raise TypeError(f"Event.record: stream must be a Stream, got {type(stream)}")
 
+    @_imitates("cuda.Event.synchronize")
     def synchronize(self):
         _count_explicit(type(self).__name__)
-
-    def query(self):
-        return True
 
 
 class _Stream:
     null = None
 
+    @_imitates("cuda.Stream")
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         self.ptr = 0 if null else id(self)
 
+    @_imitates("cuda.Stream.wait_event")
     def wait_event(self, event):
         if not isinstance(event, _Event):
             raise TypeError(f"Stream.wait_event: an Event, got {type(event).__name__}")
 
+    @_imitates("cuda.Stream.record")
     def record(self, event=None):
         event = event or _Event()
         event.record(self)
         return event
 
+    @_imitates("cuda.Stream.synchronize")
     def synchronize(self):
         _count_explicit(type(self).__name__)
 
+    @_imitates("cuda.Stream.use")
     def use(self):
         _current["stream"] = self
         return self
@@ -853,20 +805,25 @@ class PinnedMemoryPointer(bytearray):
         return ctypes.addressof(ctypes.c_char.from_buffer(self)) if len(self) else 0
 
 
+@_imitates("cuda.alloc_pinned_memory")
 def _alloc_pinned_memory(size):
     return PinnedMemoryPointer(int(size))
 
 
 class _MemoryPool:
+    @_imitates("cuda.MemoryPool.used_bytes")
     def used_bytes(self):
         return 0
 
+    @_imitates("cuda.MemoryPool.total_bytes")
     def total_bytes(self):
         return 0
 
+    @_imitates("cuda.MemoryPool.free_all_blocks")
     def free_all_blocks(self, stream=None):
         pass
 
+    @_imitates("cuda.MemoryPool.set_limit")
     def set_limit(self, size=None, fraction=None):
         pass
 
@@ -874,18 +831,55 @@ class _MemoryPool:
 _POOL = _MemoryPool()
 
 
+@_imitates("get_default_memory_pool")
+def get_default_memory_pool():
+    return _POOL
+
+
+@_imitates("get_default_pinned_memory_pool")
+def get_default_pinned_memory_pool():
+    return _POOL
+
+
+@_imitates("cuda.get_current_stream")
+def _get_current_stream(device_id=-1):
+    return _current["stream"]
+
+
+@_imitates("cuda.is_available")
+def _is_available():
+    return True
+
+
+def _constant(key, value):
+    """``cupy.<key>()``, returning ``value``."""
+    return _imitates(key)(lambda: value)
+
+
+@_imitates("cuda.runtime.deviceSynchronize")
+def _device_synchronize():
+    _Device().synchronize()
+
+
 def _runtime_module():
     rt = types.ModuleType("cupy.cuda.runtime")
-    rt.getDeviceCount = lambda: 1
-    rt.driverGetVersion = lambda: 13000
-    rt.runtimeGetVersion = lambda: 13000
-    rt.getDevice = lambda: 0
-    rt.deviceSynchronize = lambda: _Device().synchronize()
-    # the keys CuPy's getDeviceProperties always has on CUDA (cupy_backends/cuda/api/
-    # runtime.pyx: memPitch only on ROCm); clockRate, memoryClockRate, deviceOverlap,
-    # kernelExecTimeoutEnabled and computeMode left CUDA 13's cudaDeviceProp, so they are
-    # left out here too (whether CuPy 14 fills them in from device attributes is not known)
-    rt.getDeviceProperties = lambda device: {
+    rt.getDeviceCount = _constant("cuda.runtime.getDeviceCount", 1)
+    rt.driverGetVersion = _constant("cuda.runtime.driverGetVersion", 13000)
+    rt.runtimeGetVersion = _constant("cuda.runtime.runtimeGetVersion", 13000)
+    rt.getDevice = _constant("cuda.runtime.getDevice", 0)
+    rt.deviceSynchronize = _device_synchronize
+    rt.getDeviceProperties = _device_properties
+    rt.CUDARuntimeError = RuntimeError
+    return rt
+
+
+@_imitates("cuda.runtime.getDeviceProperties")
+def _device_properties(device):
+    """The keys CuPy's getDeviceProperties always has on CUDA (cupy_backends/cuda/api/
+    runtime.pyx: memPitch only on ROCm); clockRate, memoryClockRate, deviceOverlap,
+    kernelExecTimeoutEnabled and computeMode left CUDA 13's cudaDeviceProp, so they are left
+    out here too (whether CuPy 14 fills them in from device attributes is not known)."""
+    return {
         "name": b"Fake CuPy (CPU)", "major": 9, "minor": 0, "totalGlobalMem": 1 << 30,
         "multiProcessorCount": 1, "maxThreadsPerBlock": 1024, "warpSize": 32,
         "sharedMemPerBlock": 49152, "regsPerBlock": 65536,
@@ -894,8 +888,6 @@ def _runtime_module():
         "pciBusID": 0, "pciDeviceID": 0, "pciDomainID": 0, "textureAlignment": 512,
         "texturePitchAlignment": 32, "integrated": 0, "canMapHostMemory": 1,
         "asyncEngineCount": 1, "ECCEnabled": 0, "unifiedAddressing": 1}
-    rt.CUDARuntimeError = RuntimeError
-    return rt
 
 
 cuda = types.ModuleType("cupy.cuda")
@@ -906,10 +898,8 @@ cuda.runtime = _runtime_module()
 cuda.alloc_pinned_memory = _alloc_pinned_memory
 cuda.PinnedMemoryPointer = PinnedMemoryPointer
 cuda.MemoryPool = _MemoryPool
-cuda.get_current_stream = lambda device_id=-1: _current["stream"]
-get_default_memory_pool = cuda.get_default_memory_pool = lambda: _POOL
-get_default_pinned_memory_pool = lambda: _POOL   # noqa: E731
-cuda.is_available = lambda: True
+cuda.get_current_stream = _get_current_stream
+cuda.is_available = _is_available
 
 random = types.ModuleType("cupy.random")
 random.RandomState = RandomState
