@@ -118,10 +118,10 @@ def _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, 
 
 def panel_room(m, n, nc, parts):
     """Column panels of B a part of :func:`gemm` packs at a time: ``nc``, or fewer when the
-    part owns fewer."""
+    part owns fewer (at least 1, also for an empty C)."""
     panels, tiles = -(-n // NR), -(-m // MR)
     own = -(-panels // parts) if panels >= tiles else panels
-    return min(own, nc)
+    return max(1, min(own, nc))
 
 
 def scratch(m, n, kc, nc, parts):
