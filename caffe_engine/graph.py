@@ -29,6 +29,14 @@ from .proto import caffe_pb2
 SETUP_FAILURES = (ZeroDivisionError, IndexError, OverflowError, ValueError, MemoryError)
 
 
+def wrapped_failures(layer):
+    """The exception types that ``layer``'s setup, forward or backward turn into the one-line
+    CaffeError of :func:`layer_failure`: :data:`SETUP_FAILURES` for the engine's layers, none
+    for a layer whose class sets ``own_errors_propagate`` (a Python layer: the user's own
+    exception reaches the caller unchanged, as pycaffe's python_layer.hpp lets it)."""
+    return () if getattr(type(layer), "own_errors_propagate", False) else SETUP_FAILURES
+
+
 # --------------------------------------------------------------------------------------------
 # NetParameter normalisation: pure functions
 # --------------------------------------------------------------------------------------------
@@ -466,7 +474,8 @@ def setup_layer(layer, lp, bottoms, tops):
 
     Raises:
         CaffeError: the layer's own message prefixed with the layer when it lacks it, or the
-            failure's type and message for an error no check of the layer anticipated.
+            failure's type and message for an error no check of the layer anticipated (a
+            Python layer's own exceptions propagate unchanged: :func:`wrapped_failures`).
     """
     where = f"layer '{lp.name}' ({lp.type})"
     try:
@@ -475,7 +484,7 @@ def setup_layer(layer, lp, bottoms, tops):
         if lp.name and f"'{lp.name}'" not in str(exc) and f"{lp.name}:" not in str(exc):
             raise CaffeError(f"{where}: {exc}") from None
         raise
-    except SETUP_FAILURES as exc:
+    except wrapped_failures(layer) as exc:
         raise layer_failure(layer, bottoms, "set up", exc, lp) from None
 
 

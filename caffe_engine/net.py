@@ -157,7 +157,7 @@ class Net(PycaffeNet):
             try:
                 layer.reshape(bottom, top)
                 layer.forward(bottom, top)
-            except graph.SETUP_FAILURES as exc:
+            except graph.wrapped_failures(layer) as exc:
                 raise graph.layer_failure(layer, bottom, "forward", exc) from None
             for hook in after:
                 hook(i)
@@ -216,7 +216,7 @@ class Net(PycaffeNet):
                 try:
                     self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i],
                                             self.bottom_vecs[i])
-                except graph.SETUP_FAILURES as exc:
+                except graph.wrapped_failures(self.layers[i]) as exc:
                     raise graph.layer_failure(self.layers[i], self.bottom_vecs[i], "backward",
                                               exc) from None
             for hook in after:

@@ -35,7 +35,7 @@ This needs ``MPI_THREAD_MULTIPLE``, which mpi4py requests by default.
 
 Device (CuPy) buffers: ``nccl`` reduces them on the GPU; the MPI algorithms reduce them in a
 pinned host mirror, copied in chunks on their own CUDA streams so that the copies overlap the
-transfers (:mod:`.staging`; the mirror's chunks are waited for and copied back by the
+transfers (:mod:`.pinned_mirror`; the mirror's chunks are waited for and copied back by the
 algorithms themselves). NumPy buffers are reduced where they are, as before.
 
 Fault handling: every blocking wait inside a communicator runs under a process-wide watchdog. If
@@ -62,9 +62,9 @@ import time
 import numpy
 
 from ..errors import CaffeError
-from . import registry, staging
+from . import pinned_mirror, registry
 from .registry import ALGORITHMS  # noqa: F401  (the registered names, a live view)
-from .staging import NO_STAGE
+from .pinned_mirror import NO_STAGE
 
 OPS = ("sum", "mean")
 DEFAULT_TIMEOUT = 50.0
@@ -443,11 +443,12 @@ class MPICommunicator(Communicator):
     Subclasses implement ``_allreduce_sum(comm, flat, stage=NO_STAGE)`` — an in-place sum of a
     flat float32 NumPy array over ``comm`` (one of the two duplicates), identical bits on every
     rank — calling ``stage.ready(lo, hi)`` before they first read a range and
-    ``stage.publish(lo, hi)`` once a range holds its final sum (:mod:`.staging`). CuPy buffers
-    are reduced in a pinned host mirror that way, copied in chunks that overlap the transfers
-    (MPICH's wheel is not CUDA-aware); NumPy buffers are reduced where they are, with
-    :data:`~.staging.NO_STAGE` (unless ``CAFFE_COMM_STAGING=emulate``). ``_stage_order(count)``
-    gives the order in which the algorithm needs the ranges (None: ascending).
+    ``stage.publish(lo, hi)`` once a range holds its final sum (:mod:`.pinned_mirror`). CuPy
+    buffers are reduced in a pinned host mirror that way, copied in chunks that overlap the
+    transfers (MPICH's wheel is not CUDA-aware); NumPy buffers are reduced where they are, with
+    :data:`~.pinned_mirror.NO_STAGE` (unless ``CAFFE_COMM_STAGING=emulate``).
+    ``_stage_order(count)`` gives the order in which the algorithm needs the ranges (None:
+    ascending).
 
     Args:
         comm: an mpi4py communicator (default ``MPI.COMM_WORLD``); it is duplicated twice.
@@ -460,7 +461,7 @@ class MPICommunicator(Communicator):
             raise CaffeError(f"communicator '{self.name}' needs mpi4py "
                              "(pip install mpich mpi4py)")
         self.MPI = MPI
-        self.staging = staging.Staging()   # CAFFE_COMM_STAGING (checked before MPI is touched)
+        self.staging = pinned_mirror.Staging()  # CAFFE_COMM_STAGING, checked before MPI is touched
         comm = MPI.COMM_WORLD if comm is None else comm
         super().__init__(comm.Get_rank(), comm.Get_size(), timeout)
         self.comm = comm.Dup()          # blocking operations, on the caller's thread
@@ -506,7 +507,7 @@ class MPICommunicator(Communicator):
 
     def allreduce_(self, buf, op="sum"):
         _check_op(op)
-        return self._run_allreduce(self.comm, buf, op, staging.compute_ready(buf))
+        return self._run_allreduce(self.comm, buf, op, pinned_mirror.compute_ready(buf))
 
     def allreduce_async_(self, buf, op="sum"):
         _check_op(op)
@@ -516,7 +517,7 @@ class MPICommunicator(Communicator):
         if self._progress is None:
             self._progress = _ProgressThread(f"caffe-comm-{self.name}")
         handle = Handle(buf)
-        ready = staging.compute_ready(buf)      # on the caller's thread, at launch
+        ready = pinned_mirror.compute_ready(buf)    # on the caller's thread, at launch
         return self._progress.submit(
             lambda: self._run_allreduce(self._async_comm, buf, op, ready), handle)
 

@@ -35,9 +35,9 @@ for its pieces (receives posted ``window`` chunks ahead), adds them, allreduces 
 lane and sends the result to the node without waiting, so one chunk's all-gather overlaps the
 next chunk's reduce-scatter and inter-node allreduce.
 
-Device (CuPy) buffers (:mod:`.staging`): each chunk is waited for in the pinned host mirror just
-before it is used (its pieces are sent as soon as their copies have landed, not all at once),
-and each slice's result goes back to the device as soon as it is final.
+Device (CuPy) buffers (:mod:`.pinned_mirror`): each chunk is waited for in the pinned host
+mirror just before it is used (its pieces are sent as soon as their copies have landed, not all
+at once), and each slice's result goes back to the device as soon as it is final.
 
 Cost per allreduce of n bytes (alpha-beta: a message of b bytes costs alpha + b beta; _l within
 a node, _g on a node's link), N nodes of K ranks, L lanes, one chunk:
@@ -71,7 +71,7 @@ from ..errors import CaffeError
 from .communicator import MPICommunicator
 from .registry import register
 from .ring import RingCommunicator, ring_segments
-from .staging import NO_STAGE
+from .pinned_mirror import NO_STAGE
 from .tree import TreeCommunicator, chunk_bounds
 
 TAG_UP = 41

@@ -5,12 +5,12 @@ buffers and Rabenseifner's reduce-scatter + all-gather for long ones. The MPI st
 (but does not require) that every rank gets the same bits; MPICH's built-in algorithms for
 commutative operations do, and tests/parallel checks it.
 
-Device (CuPy) buffers (:mod:`.staging`) go whole: staged in chunks, then one ``MPI_Allreduce``
+Device (CuPy) buffers (:mod:`.pinned_mirror`) go whole: staged in chunks, then one ``MPI_Allreduce``
 (cutting it per chunk could change MPICH's algorithm, and so the bits), then copied back.
 """
 from .communicator import MPICommunicator
 from .registry import register
-from .staging import NO_STAGE
+from .pinned_mirror import NO_STAGE
 
 
 @register("mpi")

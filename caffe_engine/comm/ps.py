@@ -5,7 +5,7 @@ against: all traffic goes through one server, whose link carries 2 (p - 1) buffe
 iteration, so the time grows linearly with the number of workers p. Here rank 0 is both the
 server and a worker (no extra process).
 
-Device (CuPy) buffers (:mod:`.staging`): one message each way carries the whole buffer, so a
+Device (CuPy) buffers (:mod:`.pinned_mirror`): one message each way carries the whole buffer, so a
 worker waits for its whole staged copy before sending (the chunked copies overlap each other
 only); the server's own copy overlaps its first receive.
 
@@ -16,7 +16,7 @@ import numpy
 
 from .communicator import MPICommunicator
 from .registry import register
-from .staging import NO_STAGE
+from .pinned_mirror import NO_STAGE
 
 TAG_PUSH = 31
 TAG_PULL = 32

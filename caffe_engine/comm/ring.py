@@ -11,7 +11,7 @@ equal segments (:func:`ring_segments`). Rank r sends to r + 1 and receives from 
    (r - s) mod size straight into the buffer. Only copies: every rank ends with the very bits the
    owning rank computed, so all ranks hold identical buffers.
 
-Device (CuPy) buffers (:mod:`.staging`): the segments are copied to the pinned host mirror in
+Device (CuPy) buffers (:mod:`.pinned_mirror`): the segments are copied to the pinned host mirror in
 the order the reduce-scatter reads them (r, r - 1, ...), each waited for just before its step,
 and each final segment goes back to the device as soon as it is final (this rank's own after
 the reduce-scatter, the others as the all-gather delivers them).
@@ -22,7 +22,7 @@ import numpy
 
 from .communicator import MPICommunicator
 from .registry import register
-from .staging import NO_STAGE
+from .pinned_mirror import NO_STAGE
 
 TAG_RS = 21
 TAG_AG = 22

@@ -20,7 +20,7 @@ s, which needs only what this rank already sent in (a).
 Summation order: own + child_1 + child_2 + ... per rank, leaves first — the same on every run.
 Only the root's sum travels down, so every rank ends with the root's bits.
 
-Device (CuPy) buffers (:mod:`.staging`): chunk c's copy to the pinned host mirror is waited
+Device (CuPy) buffers (:mod:`.pinned_mirror`): chunk c's copy to the pinned host mirror is waited
 for in (a), just before it is first read, and its final sum goes back to the device in (b),
 while the later chunks are still in the tree.
 
@@ -32,7 +32,7 @@ import numpy
 
 from .communicator import MPICommunicator
 from .registry import register
-from .staging import NO_STAGE
+from .pinned_mirror import NO_STAGE
 
 TAG_UP = 11
 TAG_DOWN = 12

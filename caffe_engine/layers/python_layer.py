@@ -112,6 +112,10 @@ class PythonLayer(Layer):
     Caffe: include/caffe/layers/python_layer.hpp, src/caffe/layer_factory.cpp.
     """
 
+    #: The net passes this layer's exceptions on as raised, not as its one-line CaffeError
+    #: (:func:`caffe_engine.graph.wrapped_failures`).
+    own_errors_propagate = True
+
     def __init__(self, param, phase):
         super().__init__(param, phase)
         pp = param.python_param

@@ -248,76 +248,21 @@ def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=Non
             ``check_size``, an encoding OpenCV cannot write.
     """
     from ..log import logger
-    from ..layers.image_data import caffe_shuffle
-    from ..rng import CaffeRNG
-    from ..io.db import backend_name, open_writer
+    from ..io.db import backend_name
     log = log or logger
     backend = backend_name(backend)
-    lines = read_list(list_file)
-    if shuffle:
-        log.info("Shuffling data")
-        if seed is None:
-            seed = (int(time.time() * 1e6) ^ os.getpid()) & 0xFFFFFFFF
-        caffe_shuffle(lines, CaffeRNG(seed))
-    log.info("A total of %d images.", len(lines))
+    lines = _read_lines(list_file, shuffle, seed, log)
     if encode_type and not encoded:
         log.info("encode_type specified, assuming encoded=true.")
     encoded = encoded or bool(encode_type)
-    resize_height, resize_width = max(0, resize_height), max(0, resize_width)
-    is_color = not gray
-
-    encodings = [encode_type] * len(lines) if encoded else [""] * len(lines)
-    if encoded and not encode_type:
-        # Caffe guesses each file's encoding from its name (its extension). A name without one
-        # makes Caffe's run abort at that image (see guess_encoding); here it is an error
-        # before anything is written, naming the first such entry.
-        for line_id, (name, _) in enumerate(lines):
-            encodings[line_id] = guess_encoding(name)
-            if encodings[line_id] is None:
-                raise ToolError(f"cannot guess the encoding of '{name}' (entry {line_id + 1} "
-                                f"of {list_file}): its file name has no extension; pass "
-                                f"--encode_type=png (or jpg, ...)")
-
+    encodings = _encodings(lines, list_file, encoded, encode_type)
     db_kind = "LMDB" if backend == "lmdb" else "LevelDB"
     if os.path.lexists(db_name):
         raise ToolError(f"cannot create {db_kind} '{db_name}': it already exists")
-    partial = _partial_path(db_name)
-    if os.path.lexists(partial):        # left by a killed run with the same pid: not ours to keep
-        shutil.rmtree(partial, ignore_errors=True)
+    partial, writer = _open_partial(db_name, backend)
     try:
-        writer = open_writer(partial, backend)
-    except BaseException:               # e.g. LMDB made the folder, then failed to open it
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    count = 0
-    try:
-        size = first = None
-        for line_id, (name, label) in enumerate(progress(lines, total=len(lines), desc=PROG, unit="img")):
-            path = os.path.join(root_folder, name)
-            datum, shape = image_to_datum(path, label, resize_height, resize_width, is_color,
-                                          encodings[line_id], name)
-            if datum is None:
-                log.error("Could not open or find file %s", path)
-                continue
-            if check_size:
-                if encoded:             # on purpose not Caffe's rule (see the module docstring)
-                    if size is None:
-                        size, first = shape, name
-                    elif shape != size:
-                        raise ToolError(f"Incorrect image size: '{name}' decodes to "
-                                        f"{_size_text(shape)} (CxHxW), the first image '{first}' "
-                                        f"to {_size_text(size)} (--check_size)")
-                else:                   # Caffe's: data length against the first's C*H*W
-                    if size is None:
-                        size, first = shape, name
-                    elif len(datum.data) != size[0] * size[1] * size[2]:
-                        raise ToolError(f"Incorrect data field size {len(datum.data)}: '{name}' "
-                                        f"is {_size_text(shape)} (CxHxW), the first image "
-                                        f"'{first}' {_size_text(size)} (--check_size)")
-            writer.put(f"{line_id:08d}_{name}".encode(), datum.SerializeToString())
-            count += 1
-            if count % 1000 == 0:
-                log.info("Processed %d files.", count)
+        count = _write_records(writer, root_folder, lines, encodings, max(0, resize_height),
+                               max(0, resize_width), not gray, check_size, encoded, log)
         writer.close()
         if os.path.lexists(db_name):    # created by someone else meanwhile: keep theirs
             raise ToolError(f"cannot create {db_kind} '{db_name}': it already exists")
@@ -332,6 +277,101 @@ def convert(root_folder, list_file, db_name, gray=False, shuffle=False, seed=Non
     if count % 1000:
         log.info("Processed %d files.", count)
     return count
+
+
+def _read_lines(list_file, shuffle, seed, log):
+    """The list's ``[(name, label)]``, shuffled with Caffe's ``shuffle`` over a mt19937 stream
+    seeded by ``seed`` (from the clock when None) when ``shuffle``."""
+    from ..layers.image_data import caffe_shuffle
+    from ..rng import CaffeRNG
+    lines = read_list(list_file)
+    if shuffle:
+        log.info("Shuffling data")
+        if seed is None:
+            seed = (int(time.time() * 1e6) ^ os.getpid()) & 0xFFFFFFFF
+        caffe_shuffle(lines, CaffeRNG(seed))
+    log.info("A total of %d images.", len(lines))
+    return lines
+
+
+def _encodings(lines, list_file, encoded, encode_type):
+    """Each line's encoding: "" (raw records), ``encode_type``, or with ``encoded`` alone the
+    file name's extension (:func:`guess_encoding`).
+
+    Raises:
+        ToolError: a name without an extension with ``encoded`` alone. Caffe's run aborts at
+            that image (see guess_encoding); here it is an error before anything is written,
+            naming the first such entry.
+    """
+    encodings = [encode_type] * len(lines) if encoded else [""] * len(lines)
+    if encoded and not encode_type:
+        for line_id, (name, _) in enumerate(lines):
+            encodings[line_id] = guess_encoding(name)
+            if encodings[line_id] is None:
+                raise ToolError(f"cannot guess the encoding of '{name}' (entry {line_id + 1} "
+                                f"of {list_file}): its file name has no extension; pass "
+                                f"--encode_type=png (or jpg, ...)")
+    return encodings
+
+
+def _open_partial(db_name, backend):
+    """``(partial, writer)``: a writer of a new database in :func:`_partial_path`'s folder."""
+    from ..io.db import open_writer
+    partial = _partial_path(db_name)
+    if os.path.lexists(partial):        # left by a killed run with the same pid: not ours to keep
+        shutil.rmtree(partial, ignore_errors=True)
+    try:
+        writer = open_writer(partial, backend)
+    except BaseException:               # e.g. LMDB made the folder, then failed to open it
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return partial, writer
+
+
+def _write_records(writer, root_folder, lines, encodings, resize_height, resize_width,
+                   is_color, check_size, encoded, log):
+    """Each readable image of ``lines`` put as one record under ``%08d_<name>`` (an unreadable
+    one logged and skipped, its number used up); returns the number of records put."""
+    count = 0
+    first = None
+    for line_id, (name, label) in enumerate(progress(lines, total=len(lines), desc=PROG, unit="img")):
+        path = os.path.join(root_folder, name)
+        datum, shape = image_to_datum(path, label, resize_height, resize_width, is_color,
+                                      encodings[line_id], name)
+        if datum is None:
+            log.error("Could not open or find file %s", path)
+            continue
+        if check_size:
+            first = _check_size(first, name, shape, datum, encoded)
+        writer.put(f"{line_id:08d}_{name}".encode(), datum.SerializeToString())
+        count += 1
+        if count % 1000 == 0:
+            log.info("Processed %d files.", count)
+    return count
+
+
+def _check_size(first, name, shape, datum, encoded):
+    """``--check_size`` for one record: ``first`` is ``(shape, name)`` of the first record
+    (None for the first itself), which is returned. With an encoding the decoded images'
+    (C, H, W) are compared, on purpose not Caffe's rule (see the module docstring); without
+    one, Caffe's: the ``data`` length against the first's C*H*W.
+
+    Raises:
+        ToolError: a mismatch, naming both files and sizes.
+    """
+    if first is None:
+        return shape, name
+    size, first_name = first
+    if encoded:
+        if shape != size:
+            raise ToolError(f"Incorrect image size: '{name}' decodes to "
+                            f"{_size_text(shape)} (CxHxW), the first image '{first_name}' "
+                            f"to {_size_text(size)} (--check_size)")
+    elif len(datum.data) != size[0] * size[1] * size[2]:
+        raise ToolError(f"Incorrect data field size {len(datum.data)}: '{name}' "
+                        f"is {_size_text(shape)} (CxHxW), the first image "
+                        f"'{first_name}' {_size_text(size)} (--check_size)")
+    return first
 
 
 def _main(argv):

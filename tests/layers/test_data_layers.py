@@ -806,6 +806,28 @@ class Broken(PythonLayerBase):
 
     def forward(self, bottom, top):
         raise ValueError("something went wrong")
+
+
+class RaisesIn(PythonLayerBase):
+    """Raises its own ValueError (kept as ``raised``) in the method param_str names."""
+
+    def setup(self, bottom, top):
+        self.raised = ValueError(f"raised in {self.param_str}")
+        self.raise_in("setup")
+
+    def raise_in(self, method):
+        if self.param_str == method:
+            raise self.raised
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        self.raise_in("forward")
+        top[0].data[...] = bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        self.raise_in("backward")
 '''
 
 
@@ -883,6 +905,46 @@ def test_python_layer_own_exceptions_propagate_unchanged(user_module):
     with pytest.raises(Exception) as info:
         python_net(user_module, "Plain", bottoms=0, loss=False)
     assert type(info.value) is Exception and str(info.value) == "Need exactly one bottom,\n got 0"
+
+
+def raising_net(module, method):
+    return Net(net_param(f'''
+        force_backward: true
+        layer {{ name: "in" type: "Input" top: "x" input_param {{ shape {{ dim: 2 dim: 3 }} }} }}
+        layer {{ name: "py" type: "Python" bottom: "x" top: "out"
+                 python_param {{ module: "{module}" layer: "RaisesIn" param_str: "{method}" }} }}
+        layer {{ name: "relu" type: "ReLU" bottom: "out" top: "r" }}'''), TRAIN)
+
+
+@pytest.mark.parametrize("method", ["forward", "backward"])
+def test_python_layer_exception_reaches_the_net_caller_unchanged(user_module, method):
+    # BVLC's test_python_layer.test_exception: the very object the user's method raised comes
+    # out of net.forward() / net.backward(), not the net's one-line CaffeError.
+    net = raising_net(user_module, method)
+    with pytest.raises(ValueError) as info:
+        net.forward()
+        net.backward()
+    assert info.value is net.layers[1].raised
+    assert info.value.__cause__ is None and str(info.value) == f"raised in {method}"
+
+
+def test_python_layer_exception_in_setup_reaches_the_net_caller_unchanged(user_module):
+    with pytest.raises(ValueError) as info:
+        raising_net(user_module, "setup")
+    assert type(info.value) is ValueError and str(info.value) == "raised in setup"
+    assert info.value.__cause__ is None
+
+
+def test_engine_layer_failures_stay_one_line_caffe_errors(user_module, monkeypatch):
+    net = raising_net(user_module, "none")
+    relu = net.layers[2]
+
+    def fail(*args):
+        raise ValueError("bad geometry")
+    monkeypatch.setattr(relu, "forward", fail)
+    with pytest.raises(CaffeError, match=r"layer 'relu' \(ReLU\): cannot forward .* "
+                                         r"ValueError: bad geometry"):
+        net.forward()
 
 
 def test_python_layer_configuration_errors_are_one_line_caffe_errors(user_module):

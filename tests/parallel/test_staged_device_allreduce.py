@@ -1,4 +1,4 @@
-"""Device buckets through the staging layer (caffe_engine/comm/staging.py), any number of ranks.
+"""Device buckets through the pinned host mirror (caffe_engine/comm/pinned_mirror.py), any ranks.
 
 Without a GPU the "device" is the emulated one (``Staging("emulate")``: NumPy buffers copied
 through a host mirror filled with NaN, copies to the host run as late as a GPU may, copies back
@@ -13,7 +13,7 @@ import numpy
 import pytest
 
 from caffe_engine.comm import nccl as nccl_module
-from caffe_engine.comm.staging import EmulatedOps, Staging
+from caffe_engine.comm.pinned_mirror import EmulatedOps, Staging
 from caffe_engine.errors import CaffeError
 from cuda_env import cuda_missing
 

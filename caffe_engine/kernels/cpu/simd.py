@@ -249,84 +249,115 @@ def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=Fals
     ``rows * vectors`` accumulators plus ``vectors`` loads of B must fit the register file
     (32 vector registers with AVX-512).
     """
-    w = vector_width()
-    vt = _vt(w)
+    codegen = _microkernel_codegen(vector_width(), rows, vectors, a_indirect, b_indirect,
+                                   a_packed)
 
     def typer(typingctx, A, a0, lda, ai, ai0, B, b0, ldb, bi, bi0, C, c0, ldc, k, accumulate):
         i64 = types.int64
         sig = types.void(A, i64, i64, ai, i64, B, i64, i64, bi, i64, C, i64, i64, i64,
                          types.boolean)
-
-        def codegen(context, builder, signature, args):
-            (A_, a0_, lda_, ai_, ai0_, B_, b0_, ldb_, bi_, bi0_, C_, c0_, ldc_, k_,
-             acc_) = args
-            sa = signature.args
-            pa = builder.gep(_data(context, builder, sa[0], A_), [a0_])
-            pb = builder.gep(_data(context, builder, sa[5], B_), [b0_])
-            pc = builder.gep(_data(context, builder, sa[10], C_), [c0_])
-            if a_packed:
-                a_rows = [builder.gep(pa, [ir.Constant(I64, r)]) for r in range(rows)]
-            elif a_indirect:
-                pai = builder.gep(_data(context, builder, sa[3], ai_), [ai0_])
-                a_rows = [builder.gep(pa, [builder.load(builder.gep(pai, [ir.Constant(I64, r)]))])
-                          for r in range(rows)]
-            else:
-                a_rows = [builder.gep(pa, [builder.mul(ir.Constant(I64, r), lda_)])
-                          for r in range(rows)]
-            if b_indirect:
-                pbi = builder.gep(_data(context, builder, sa[8], bi_), [bi0_])
-            fma = _fma(builder, w)
-            zero = ir.Constant(vt, [0.0] * w)
-            pre = builder.block
-            loop = builder.append_basic_block("mk_loop")
-            done = builder.append_basic_block("mk_done")
-            builder.cbranch(builder.icmp_signed(">", k_, ir.Constant(I64, 0)), loop, done)
-            builder.position_at_end(loop)
-            kk = builder.phi(I64)
-            kk.add_incoming(ir.Constant(I64, 0), pre)
-            acc = [[builder.phi(vt) for _ in range(vectors)] for _ in range(rows)]
-            for row in acc:
-                for phi in row:
-                    phi.add_incoming(zero, pre)
-            if b_indirect:
-                b_row = builder.gep(pb, [builder.load(builder.gep(pbi, [kk]))])
-            else:
-                b_row = builder.gep(pb, [builder.mul(kk, ldb_)])
-            b = [builder.load(_vptr(builder, b_row, ir.Constant(I64, v * w), w), align=4)
-                 for v in range(vectors)]
-            new = []
-            a_step = builder.mul(kk, ir.Constant(I64, rows)) if a_packed else kk
-            for r in range(rows):
-                a = _splat(builder, builder.load(builder.gep(a_rows[r], [a_step])), w)
-                new.append([builder.call(fma, [a, b[v], acc[r][v]]) for v in range(vectors)])
-            nxt = builder.add(kk, ir.Constant(I64, 1))
-            end = builder.block
-            kk.add_incoming(nxt, end)
-            for r in range(rows):
-                for v in range(vectors):
-                    acc[r][v].add_incoming(new[r][v], end)
-            builder.cbranch(builder.icmp_signed("<", nxt, k_), loop, done)
-            builder.position_at_end(done)
-            totals = [[builder.phi(vt) for _ in range(vectors)] for _ in range(rows)]
-            for r in range(rows):
-                for v in range(vectors):
-                    totals[r][v].add_incoming(zero, pre)
-                    totals[r][v].add_incoming(new[r][v], end)
-            keep = builder.icmp_unsigned("!=", acc_, ir.Constant(acc_.type, 0))
-            for r in range(rows):
-                c_row = builder.gep(pc, [builder.mul(ir.Constant(I64, r), ldc_)])
-                for v in range(vectors):
-                    total = totals[r][v]
-                    p = _vptr(builder, c_row, ir.Constant(I64, v * w), w)
-                    old = builder.load(p, align=4)
-                    builder.store(builder.select(keep, builder.fadd(old, total), total), p,
-                                  align=4)
-            return context.get_dummy_value()
         return sig, codegen
 
     typer.__name__ = (f"microkernel_{rows}x{vectors}" + ("_ai" if a_indirect else "")
                       + ("_bi" if b_indirect else "") + ("_ap" if a_packed else ""))
     return intrinsic(typer)
+
+
+def _microkernel_codegen(w, rows, vectors, a_indirect, b_indirect, a_packed):
+    """Codegen of :func:`microkernel`: the operands' row pointers, the loop over the inner
+    dimension (:func:`_microkernel_loop`), then the tile of C (:func:`_microkernel_store`)."""
+    def codegen(context, builder, signature, args):
+        (A_, a0_, lda_, ai_, ai0_, B_, b0_, ldb_, bi_, bi0_, C_, c0_, ldc_, k_,
+         acc_) = args
+        sa = signature.args
+        pa = builder.gep(_data(context, builder, sa[0], A_), [a0_])
+        pb = builder.gep(_data(context, builder, sa[5], B_), [b0_])
+        pc = builder.gep(_data(context, builder, sa[10], C_), [c0_])
+        pai = (builder.gep(_data(context, builder, sa[3], ai_), [ai0_])
+               if a_indirect and not a_packed else None)
+        a_rows = _microkernel_a_rows(builder, pa, rows, lda_, pai, a_packed)
+        pbi = builder.gep(_data(context, builder, sa[8], bi_), [bi0_]) if b_indirect else None
+
+        def b_row_at(builder, kk):
+            if b_indirect:
+                return builder.gep(pb, [builder.load(builder.gep(pbi, [kk]))])
+            return builder.gep(pb, [builder.mul(kk, ldb_)])
+        pre, end, new = _microkernel_loop(builder, w, rows, vectors, k_, a_rows, b_row_at,
+                                          a_packed)
+        _microkernel_store(builder, w, pc, ldc_, acc_, pre, end, new)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _microkernel_a_rows(builder, pa, rows, lda_, pai, a_packed):
+    """Pointers to the first float of each of A's ``rows`` rows: consecutive floats of a packed
+    panel, the offsets read from the table ``pai`` (indirect), or ``lda_`` apart."""
+    if a_packed:
+        return [builder.gep(pa, [ir.Constant(I64, r)]) for r in range(rows)]
+    if pai is not None:
+        return [builder.gep(pa, [builder.load(builder.gep(pai, [ir.Constant(I64, r)]))])
+                for r in range(rows)]
+    return [builder.gep(pa, [builder.mul(ir.Constant(I64, r), lda_)]) for r in range(rows)]
+
+
+def _microkernel_loop(builder, w, rows, vectors, k_, a_rows, b_row_at, a_packed):
+    """``for t < k``: ``vectors`` loads of B's row ``b_row_at(t)``, and per row of A one
+    broadcast of ``a_r[t]`` and ``vectors`` fused multiply-adds into the accumulators (phi
+    nodes from zero). Leaves the builder after the loop; returns ``(pre, end, new)``: the block
+    before the loop, the loop's last block and the accumulators after a pass."""
+    vt = _vt(w)
+    fma = _fma(builder, w)
+    zero = ir.Constant(vt, [0.0] * w)
+    pre = builder.block
+    loop = builder.append_basic_block("mk_loop")
+    done = builder.append_basic_block("mk_done")
+    builder.cbranch(builder.icmp_signed(">", k_, ir.Constant(I64, 0)), loop, done)
+    builder.position_at_end(loop)
+    kk = builder.phi(I64)
+    kk.add_incoming(ir.Constant(I64, 0), pre)
+    acc = [[builder.phi(vt) for _ in range(vectors)] for _ in range(rows)]
+    for row in acc:
+        for phi in row:
+            phi.add_incoming(zero, pre)
+    b_row = b_row_at(builder, kk)
+    b = [builder.load(_vptr(builder, b_row, ir.Constant(I64, v * w), w), align=4)
+         for v in range(vectors)]
+    new = []
+    a_step = builder.mul(kk, ir.Constant(I64, rows)) if a_packed else kk
+    for r in range(rows):
+        a = _splat(builder, builder.load(builder.gep(a_rows[r], [a_step])), w)
+        new.append([builder.call(fma, [a, b[v], acc[r][v]]) for v in range(vectors)])
+    nxt = builder.add(kk, ir.Constant(I64, 1))
+    end = builder.block
+    kk.add_incoming(nxt, end)
+    for r in range(rows):
+        for v in range(vectors):
+            acc[r][v].add_incoming(new[r][v], end)
+    builder.cbranch(builder.icmp_signed("<", nxt, k_), loop, done)
+    builder.position_at_end(done)
+    return pre, end, new
+
+
+def _microkernel_store(builder, w, pc, ldc_, acc_, pre, end, new):
+    """The tile's sums (zero when the loop never ran) stored into C's rows, ``ldc_`` apart,
+    or added to what C holds when ``acc_`` (accumulate) is set."""
+    vt = _vt(w)
+    zero = ir.Constant(vt, [0.0] * w)
+    rows, vectors = len(new), len(new[0])
+    totals = [[builder.phi(vt) for _ in range(vectors)] for _ in range(rows)]
+    for r in range(rows):
+        for v in range(vectors):
+            totals[r][v].add_incoming(zero, pre)
+            totals[r][v].add_incoming(new[r][v], end)
+    keep = builder.icmp_unsigned("!=", acc_, ir.Constant(acc_.type, 0))
+    for r in range(rows):
+        c_row = builder.gep(pc, [builder.mul(ir.Constant(I64, r), ldc_)])
+        for v in range(vectors):
+            total = totals[r][v]
+            p = _vptr(builder, c_row, ir.Constant(I64, v * w), w)
+            old = builder.load(p, align=4)
+            builder.store(builder.select(keep, builder.fadd(old, total), total), p,
+                          align=4)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -389,131 +420,153 @@ def pool_window(kind, stride):
     ``stride`` 1 or 2.
     """
     w = vector_width()
-    flt_max = float(numpy.finfo(numpy.float32).max)
-
-    def loop_chunks(builder, px, row_, rows_, cols_, col0_, width_, n_, emit):
-        """Per vector chunk of outputs: ``emit(builder, at, mask, value_at)``, where
-        ``value_at(r, j, fill)`` loads the chunk's window cell (r, j), ``fill`` where the cell's
-        column is outside the input or the lane past ``n``."""
-        wc = ir.Constant(I64, w)
-        steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
-        vi64 = ir.VectorType(I64, w)
-
-        def chunk(builder, i):
-            at = builder.mul(i, wc)
-            count = builder.sub(n_, at)
-            count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
-            mask = _mask(builder, count, w)
-            lanes = ir.Constant(vi64, [stride * lane for lane in range(w)])
-            first = builder.add(col0_, builder.mul(at, ir.Constant(I64, stride)))
-
-            def value_at(builder, r, j, fill):
-                col = builder.add(_splat_i64(builder, builder.add(first, j), w), lanes)
-                inside = builder.and_(
-                    builder.icmp_signed(">=", col, ir.Constant(vi64, [0] * w)),
-                    builder.icmp_signed("<", col, _splat_i64(builder, width_, w)))
-                start = builder.add(builder.add(builder.mul(r, row_), j),
-                                    builder.mul(at, ir.Constant(I64, stride)))
-                return _masked_strided_load(builder, px, start, builder.and_(inside, mask),
-                                            stride, w, fill)
-
-            def value_inside(builder, r, j, fill):
-                # a whole chunk inside the row: plain loads (stride 2: of 2 w floats, the even
-                # ones kept; the last float read is still inside the row, see ``interior``)
-                start = builder.add(builder.add(builder.mul(r, row_), j),
-                                    builder.mul(at, ir.Constant(I64, stride)))
-                v = builder.load(_vptr(builder, px, start, w), align=4)
-                if stride == 1:
-                    return v
-                v2 = builder.load(_vptr(builder, px, builder.add(start, wc), w), align=4)
-                return builder.shuffle_vector(v, v2, ir.Constant(
-                    ir.VectorType(I32, w), [2 * i for i in range(w)]))
-            # Masked loads (and, for stride 2, shuffles of their masks) cost several times the
-            # plain loads; chunks of w outputs whose cells and every float read lie inside the
-            # row take the plain ones.
-            last = builder.add(first, builder.add(ir.Constant(I64, stride * w - 1),
-                                                  builder.sub(cols_, ir.Constant(I64, 1))))
-            interior = builder.and_(
-                builder.and_(builder.icmp_signed("==", count, wc),
-                             builder.icmp_signed(">=", first, ir.Constant(I64, 0))),
-                builder.icmp_signed("<", last, width_))
-            with builder.if_else(interior) as (inside_row, at_edge):
-                with inside_row:
-                    emit(builder, at, mask, value_inside)
-                with at_edge:
-                    emit(builder, at, mask, value_at)
-        _counted_loop(builder, steps, chunk)
-
-    if kind == "max":
-        def typer(typingctx, x, x0, row, rows, cols, col0, width, best, arg, b0, n, index0):
-            i64 = types.int64
-            sig = types.void(x, i64, i64, i64, i64, i64, i64, best, arg, i64, i64, i64)
-
-            def codegen(context, builder, signature, args):
-                x_, x0_, row_, rows_, cols_, col0_, width_, best_, arg_, b0_, n_, index0_ = args
-                sa = signature.args
-                px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
-                pb = builder.gep(_data(context, builder, sa[7], best_), [b0_])
-                pa = builder.gep(_data(context, builder, sa[8], arg_), [b0_])
-                _, mstore = _masked(builder, w)
-                _, istore = _int_masked(builder, w)
-                it = ir.VectorType(I32, w)
-                offsets = ir.Constant(it, [stride * i for i in range(w)])
-
-                def emit(builder, at, mask, value_at):
-                    best_v = cgutils.alloca_once_value(
-                        builder, ir.Constant(_vt(w), [-flt_max] * w))
-                    arg_v = cgutils.alloca_once_value(builder, ir.Constant(it, [-1] * w))
-                    base = builder.add(index0_, builder.mul(at, ir.Constant(I64, stride)))
-
-                    def per_row(builder, r):
-                        def per_col(builder, j):
-                            v = value_at(builder, r, j, float("-inf"))
-                            b = builder.load(best_v)
-                            gt = builder.fcmp_ordered(">", v, b)
-                            where = builder.trunc(builder.add(base, builder.add(
-                                builder.mul(r, row_), j)), I32)
-                            idx = builder.add(_splat_int(builder, where, w), offsets)
-                            builder.store(builder.select(gt, v, b), best_v)
-                            builder.store(builder.select(gt, idx, builder.load(arg_v)), arg_v)
-                        _counted_loop(builder, cols_, per_col)
-                    _counted_loop(builder, rows_, per_row)
-                    align = ir.Constant(I32, 4)
-                    builder.call(mstore, [builder.load(best_v), _vptr(builder, pb, at, w),
-                                          align, mask])
-                    builder.call(istore, [builder.load(arg_v), builder.bitcast(
-                        builder.gep(pa, [at]), it.as_pointer()), align, mask])
-                loop_chunks(builder, px, row_, rows_, cols_, col0_, width_, n_, emit)
-                return context.get_dummy_value()
-            return sig, codegen
-    else:
-        def typer(typingctx, x, x0, row, rows, cols, col0, width, total, t0, n):
-            i64 = types.int64
-            sig = types.void(x, i64, i64, i64, i64, i64, i64, total, i64, i64)
-
-            def codegen(context, builder, signature, args):
-                x_, x0_, row_, rows_, cols_, col0_, width_, tot_, t0_, n_ = args
-                sa = signature.args
-                px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
-                pt = builder.gep(_data(context, builder, sa[7], tot_), [t0_])
-                _, mstore = _masked(builder, w)
-
-                def emit(builder, at, mask, value_at):
-                    acc = cgutils.alloca_once_value(builder, ir.Constant(_vt(w), [0.0] * w))
-
-                    def per_row(builder, r):
-                        def per_col(builder, j):
-                            v = value_at(builder, r, j, 0.0)
-                            builder.store(builder.fadd(builder.load(acc), v), acc)
-                        _counted_loop(builder, cols_, per_col)
-                    _counted_loop(builder, rows_, per_row)
-                    builder.call(mstore, [builder.load(acc), _vptr(builder, pt, at, w),
-                                          ir.Constant(I32, 4), mask])
-                loop_chunks(builder, px, row_, rows_, cols_, col0_, width_, n_, emit)
-                return context.get_dummy_value()
-            return sig, codegen
+    typer = _pool_max_typer(w, stride) if kind == "max" else _pool_sum_typer(w, stride)
     typer.__name__ = f"pool_window_{kind}_{stride}"
     return intrinsic(typer)
+
+
+def _pool_chunks(builder, w, stride, px, row_, cols_, col0_, width_, n_, emit):
+    """Per vector chunk of outputs: ``emit(builder, at, mask, value_at)``, where
+    ``value_at(r, j, fill)`` loads the chunk's window cell (r, j), ``fill`` where the cell's
+    column is outside the input or the lane past ``n``."""
+    wc = ir.Constant(I64, w)
+    steps = builder.sdiv(builder.add(n_, ir.Constant(I64, w - 1)), wc)
+
+    def chunk(builder, i):
+        at = builder.mul(i, wc)
+        count = builder.sub(n_, at)
+        count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+        mask = _mask(builder, count, w)
+        first = builder.add(col0_, builder.mul(at, ir.Constant(I64, stride)))
+        value_at, value_inside = _pool_cells(w, stride, px, row_, width_, at, first, mask)
+        # Masked loads (and, for stride 2, shuffles of their masks) cost several times the
+        # plain loads; chunks of w outputs whose cells and every float read lie inside the
+        # row take the plain ones.
+        last = builder.add(first, builder.add(ir.Constant(I64, stride * w - 1),
+                                              builder.sub(cols_, ir.Constant(I64, 1))))
+        interior = builder.and_(
+            builder.and_(builder.icmp_signed("==", count, wc),
+                         builder.icmp_signed(">=", first, ir.Constant(I64, 0))),
+            builder.icmp_signed("<", last, width_))
+        with builder.if_else(interior) as (inside_row, at_edge):
+            with inside_row:
+                emit(builder, at, mask, value_inside)
+            with at_edge:
+                emit(builder, at, mask, value_at)
+    _counted_loop(builder, steps, chunk)
+
+
+def _pool_cells(w, stride, px, row_, width_, at, first, mask):
+    """The two loaders of a chunk's window cell (r, j), ``(value_at, value_inside)``, each
+    ``(builder, r, j, fill) -> <w x float>``: ``value_at`` masks the lanes whose column is
+    outside ``[0, width)`` or past ``n`` (``fill`` there); ``value_inside``, for a chunk whose
+    cells all lie inside the row, loads whole vectors."""
+    vi64 = ir.VectorType(I64, w)
+    wc = ir.Constant(I64, w)
+    lanes = ir.Constant(vi64, [stride * lane for lane in range(w)])
+
+    def value_at(builder, r, j, fill):
+        col = builder.add(_splat_i64(builder, builder.add(first, j), w), lanes)
+        inside = builder.and_(
+            builder.icmp_signed(">=", col, ir.Constant(vi64, [0] * w)),
+            builder.icmp_signed("<", col, _splat_i64(builder, width_, w)))
+        start = builder.add(builder.add(builder.mul(r, row_), j),
+                            builder.mul(at, ir.Constant(I64, stride)))
+        return _masked_strided_load(builder, px, start, builder.and_(inside, mask),
+                                    stride, w, fill)
+
+    def value_inside(builder, r, j, fill):
+        # a whole chunk inside the row: plain loads (stride 2: of 2 w floats, the even
+        # ones kept; the last float read is still inside the row, see ``interior``)
+        start = builder.add(builder.add(builder.mul(r, row_), j),
+                            builder.mul(at, ir.Constant(I64, stride)))
+        v = builder.load(_vptr(builder, px, start, w), align=4)
+        if stride == 1:
+            return v
+        v2 = builder.load(_vptr(builder, px, builder.add(start, wc), w), align=4)
+        return builder.shuffle_vector(v, v2, ir.Constant(
+            ir.VectorType(I32, w), [2 * i for i in range(w)]))
+    return value_at, value_inside
+
+
+def _pool_max_typer(w, stride):
+    """The typer of :func:`pool_window` "max": per chunk, the running maximum and its index in
+    registers over the window's cells (row-major), then one masked store of each."""
+    flt_max = float(numpy.finfo(numpy.float32).max)
+
+    def typer(typingctx, x, x0, row, rows, cols, col0, width, best, arg, b0, n, index0):
+        i64 = types.int64
+        sig = types.void(x, i64, i64, i64, i64, i64, i64, best, arg, i64, i64, i64)
+        return sig, codegen
+
+    def codegen(context, builder, signature, args):
+        x_, x0_, row_, rows_, cols_, col0_, width_, best_, arg_, b0_, n_, index0_ = args
+        sa = signature.args
+        px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+        pb = builder.gep(_data(context, builder, sa[7], best_), [b0_])
+        pa = builder.gep(_data(context, builder, sa[8], arg_), [b0_])
+        _, mstore = _masked(builder, w)
+        _, istore = _int_masked(builder, w)
+        it = ir.VectorType(I32, w)
+        offsets = ir.Constant(it, [stride * i for i in range(w)])
+
+        def emit(builder, at, mask, value_at):
+            best_v = cgutils.alloca_once_value(
+                builder, ir.Constant(_vt(w), [-flt_max] * w))
+            arg_v = cgutils.alloca_once_value(builder, ir.Constant(it, [-1] * w))
+            base = builder.add(index0_, builder.mul(at, ir.Constant(I64, stride)))
+
+            def per_row(builder, r):
+                def per_col(builder, j):
+                    v = value_at(builder, r, j, float("-inf"))
+                    b = builder.load(best_v)
+                    gt = builder.fcmp_ordered(">", v, b)
+                    where = builder.trunc(builder.add(base, builder.add(
+                        builder.mul(r, row_), j)), I32)
+                    idx = builder.add(_splat_int(builder, where, w), offsets)
+                    builder.store(builder.select(gt, v, b), best_v)
+                    builder.store(builder.select(gt, idx, builder.load(arg_v)), arg_v)
+                _counted_loop(builder, cols_, per_col)
+            _counted_loop(builder, rows_, per_row)
+            align = ir.Constant(I32, 4)
+            builder.call(mstore, [builder.load(best_v), _vptr(builder, pb, at, w),
+                                  align, mask])
+            builder.call(istore, [builder.load(arg_v), builder.bitcast(
+                builder.gep(pa, [at]), it.as_pointer()), align, mask])
+        _pool_chunks(builder, w, stride, px, row_, cols_, col0_, width_, n_, emit)
+        return context.get_dummy_value()
+    return typer
+
+
+def _pool_sum_typer(w, stride):
+    """The typer of :func:`pool_window` "sum": per chunk, the sum from 0 of the window's cells
+    (row-major) in registers, then one masked store."""
+    def typer(typingctx, x, x0, row, rows, cols, col0, width, total, t0, n):
+        i64 = types.int64
+        sig = types.void(x, i64, i64, i64, i64, i64, i64, total, i64, i64)
+        return sig, codegen
+
+    def codegen(context, builder, signature, args):
+        x_, x0_, row_, rows_, cols_, col0_, width_, tot_, t0_, n_ = args
+        sa = signature.args
+        px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+        pt = builder.gep(_data(context, builder, sa[7], tot_), [t0_])
+        _, mstore = _masked(builder, w)
+
+        def emit(builder, at, mask, value_at):
+            acc = cgutils.alloca_once_value(builder, ir.Constant(_vt(w), [0.0] * w))
+
+            def per_row(builder, r):
+                def per_col(builder, j):
+                    v = value_at(builder, r, j, 0.0)
+                    builder.store(builder.fadd(builder.load(acc), v), acc)
+                _counted_loop(builder, cols_, per_col)
+            _counted_loop(builder, rows_, per_row)
+            builder.call(mstore, [builder.load(acc), _vptr(builder, pt, at, w),
+                                  ir.Constant(I32, 4), mask])
+        _pool_chunks(builder, w, stride, px, row_, cols_, col0_, width_, n_, emit)
+        return context.get_dummy_value()
+    return typer
 
 
 def _splat_i64(builder, value, w):

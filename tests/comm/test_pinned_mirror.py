@@ -1,4 +1,4 @@
-"""The staging of device buckets through pinned host memory (caffe_engine/comm/staging.py),
+"""The staging of device buckets through pinned host memory (caffe_engine/comm/pinned_mirror.py),
 without a GPU: the emulated device (copies to the host run as late as a GPU may, copies back as
 early or as late as it may, the mirror filled with NaN) and a fake CuPy module for the few
 CuPy-only lines.
@@ -16,9 +16,9 @@ import types
 import numpy
 import pytest
 
-from caffe_engine.comm import staging
-from caffe_engine.comm.staging import (NO_STAGE, CupyOps, EmulatedOps, Stager, Staging,
-                                       chunk_ranges, mode_from_env)
+from caffe_engine.comm import pinned_mirror
+from caffe_engine.comm.pinned_mirror import (NO_STAGE, CupyOps, EmulatedOps, Stager, Staging,
+                                             chunk_ranges, mode_from_env)
 from caffe_engine.errors import CaffeError
 from cuda_env import cuda_missing
 
@@ -77,7 +77,7 @@ def test_mode_from_env():
 def test_numpy_buffers_are_not_staged_in_auto_mode():
     buf = data(8)
     assert Staging("auto").stager_for(1, buf) is None
-    assert staging.compute_ready(buf) is None
+    assert pinned_mirror.compute_ready(buf) is None
     assert NO_STAGE.poll(0, 8) and not NO_STAGE.staged
     assert NO_STAGE.ready(0, 8) is None and NO_STAGE.publish(0, 8) is None
     emu = Staging("emulate", chunk_bytes=16)
@@ -349,7 +349,7 @@ def test_cupy_transfer_on_a_gpu():
     stager = Stager(CupyOps(cupy.cuda.Device().id), chunk_bytes=4096)
     orig = data(100_003)
     dev = cupy.asarray(orig)
-    ready = staging.compute_ready(dev)
+    ready = pinned_mirror.compute_ready(dev)
     with stager.begin(dev, ready) as t:
         for lo in range(0, dev.size, 30_000):
             hi = min(lo + 30_000, dev.size)
