@@ -20,10 +20,13 @@ top-level module (``net``, ``graph``, ``cli``, ...); ``caffe_engine`` is the pac
     python tools/import_graph.py --check    # exit 1 on a cycle, a layering breach, a stale doc
     python tools/import_graph.py --svg docs/packages.svg   # the package graph, if pydot is there
 
-``--check`` fails on: an import cycle between modules (eager imports, then eager and lazy
-together); a cycle between packages (lazy imports included); an import from ``layers``, ``io``
-or ``kernels`` into ``solvers``, ``comm``, ``perf``, ``tools`` or the command line (:data:`LOWER`,
-:data:`UPPER`); and a generated section in docs/architecture.md that differs from the code.
+``--check`` fails on: an import cycle between modules through eager imports (always: it
+breaks an import order); a cycle between modules through lazy imports, or between packages
+(lazy imports included), unless :data:`ALLOWED` lists it with its reason (printed on every
+run); an import from ``layers``, ``io`` or ``kernels`` into ``solvers``, ``comm``, ``perf``,
+``tools`` or the command line (:data:`LOWER`, :data:`UPPER`); and a generated section in
+docs/architecture.md that differs from the code. After a module is renamed or moved, ``--write``
+regenerates the section.
 """
 import argparse
 import ast
