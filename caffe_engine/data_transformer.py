@@ -388,6 +388,11 @@ class BatchPlan:
     def _name(self, i):
         return self.names[i] if self.names is not None else f"record {i} of the batch"
 
+    def transform_plan(self, params):
+        """This batch's :class:`TransformPlan` with ``params`` in place of :attr:`params` (the
+        same values, e.g. as the int32 (N, 3) a device staging packed)."""
+        return TransformPlan(self.transformer, self.out_shape, params, self.mean, self.scale)
+
     def place(self, i, record):
         """Check record i (C, H, W) against the batch and fix its crop and mirror.
 

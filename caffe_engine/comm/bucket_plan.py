@@ -9,7 +9,7 @@ message exactly when that is cheaper, with one pass over the layers in backward 
 
 The model. Layers l = L .. 1 in backward order; layer l's backward takes ``t_b(l)`` and ends at
 ``e(l)``; a message of m bytes takes ``t_c(m) = alpha + beta * m`` on the communicator (the fitted
-alpha-beta model of :mod:`..perf.alpha_beta`, or one measured at start); messages go one after
+alpha-beta model of :mod:`.allreduce_cost`, or one measured at start); messages go one after
 another. A group's message starts at ``max(end of the previous message, e(last layer of the
 group))``. Merge rule (the greedy step of MG-WFBP, optimal by the paper's theorem): the group
 that holds layer l is extended to layer l-1 when
@@ -220,14 +220,14 @@ def measure_alpha_beta(comm, small=4 << 10, large=4 << 20, reps=5):
 
 def model_alpha_beta(path, algorithm, procs):
     """Per-message and per-byte seconds of ``algorithm`` at ``procs`` ranks from a fitted cost
-    model file (:meth:`..perf.alpha_beta.AlphaBetaModel.save`; tools/cost_model.py writes it), or
+    model file (:class:`.allreduce_cost.AlphaBetaModel`; tools/cost_model.py writes it), or
     None for an algorithm the model has no formula for (``hier``, ``nccl``: their cost depends
     on the node layout; the caller measures instead).
 
     Raises:
         CaffeError: unreadable file, or no parameters for the algorithm in it.
     """
-    from ..perf.alpha_beta import ALGORITHMS, AlphaBetaModel
+    from .allreduce_cost import ALGORITHMS, AlphaBetaModel
     model = AlphaBetaModel.load(path)
     if algorithm not in ALGORITHMS:
         return None

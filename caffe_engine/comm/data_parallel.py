@@ -26,7 +26,7 @@ P2PSync; solver.cpp, the root-only tests and snapshots):
   requested action (SIGINT, SIGHUP) followed by every rank;
 - ``on_test``: the others wait while the root tests; its stop request followed by all;
 - ``on_snapshot``: with ``--exact_resume``, every rank's cursors and streams for the root's
-  side file (:func:`caffe_engine.solvers.snapshot.gather_resume`);
+  side file (the solver's ``resume_content``: :func:`caffe_engine.solvers.snapshot.gather_resume`);
 - ``on_root_done``: the others wait while the root snapshots, and at the end of ``solve``.
 
 The solver itself deals the train records (record i to rank i mod P, through the Data layers'
@@ -39,7 +39,6 @@ from .. import rng
 from ..errors import CaffeError
 from ..log import g, logger
 from ..proto import caffe_pb2
-from ..solvers.snapshot import gather_resume
 from . import compress as compression
 from . import distributed
 from .buckets import GradientSync
@@ -199,7 +198,7 @@ class DataParallel:
     def on_snapshot(self, solver):
         """With ``exact_resume``: every rank's state for the root's side file (collective)."""
         if solver.exact_resume:
-            return gather_resume(solver, self.comm)
+            return solver.resume_content(self.comm)
         return None
 
     def on_root_done(self, solver):

@@ -45,7 +45,6 @@ import numpy
 
 from ..backend import get_array_module
 from ..blob import SLACK
-from ..data_transformer import TransformPlan
 
 #: Byte alignment of each array inside a slot's buffer (any dtype's, and the device's loads).
 ALIGN = 256
@@ -245,10 +244,7 @@ class DeviceStaging:
         return _DeviceRecords(plan, first)
 
     def finish(self, target, label=None):
-        plan = target.plan
-        transform = TransformPlan(plan.transformer, plan.out_shape, target.params, plan.mean,
-                                  plan.scale)
-        return self.stage(target.raw, label, transform)
+        return self.stage(target.raw, label, target.plan.transform_plan(target.params))
 
     def stage(self, data, label=None, transform=None):
         """Pack ``data`` (+ the transform's params as int32 (N, 3)) (+ ``label``) into the next

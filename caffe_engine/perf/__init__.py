@@ -1,14 +1,16 @@
 """Performance and scaling models of data-parallel training: offline, beside :mod:`..comm`.
 
-Nothing here runs during training except :mod:`.alpha_beta` (``--bucket_mb auto`` reads a fitted
-model file, ``CAFFE_COST_MODEL``, through :func:`caffe_engine.comm.bucket_plan.model_alpha_beta`).
+Nothing here runs during training: ``--bucket_mb auto`` reads a fitted model file
+(``CAFFE_COST_MODEL``) with :mod:`caffe_engine.comm.allreduce_cost`, the runtime half of
+:mod:`.alpha_beta`. This package imports :mod:`caffe_engine.comm`, never the other way round.
 This file imports nothing, so that importing one module loads only what it needs.
 
 Communication, one allreduce:
 
-* :mod:`.alpha_beta`: Hockney's alpha-beta model, ``alpha * A(P) + beta * n * B(P)``, with each
-  registered algorithm's A(P), B(P) keyed by its :mod:`caffe_engine.comm.registry` name, and
-  :class:`.alpha_beta.AlphaBetaModel` fitted per algorithm on ``tools/bench_allreduce.py``'s rows.
+* :mod:`.alpha_beta`: Hockney's alpha-beta model, ``alpha * A(P) + beta * n * B(P)`` (each
+  registered algorithm's A(P), B(P) keyed by its :mod:`caffe_engine.comm.registry` name, in
+  :mod:`caffe_engine.comm.allreduce_cost`), :class:`.alpha_beta.AlphaBetaModel` fitted per
+  algorithm on ``tools/bench_allreduce.py``'s rows.
 * :mod:`.schedules`: each algorithm as our code (or MPICH) runs it: stages of concurrent
   transfers over per-host links; :mod:`.link_model`: :class:`.link_model.LinkModel`, one alpha and
   one beta of the links (and of the intra-node paths) timing those schedules, fitted on the

@@ -1,97 +1,34 @@
-"""Hockney's alpha-beta model of one allreduce, per registered algorithm.
+"""Hockney's alpha-beta model of one allreduce, fitted per registered algorithm.
 
-Sending n bytes costs ``alpha + n * beta`` (latency alpha in seconds, inverse bandwidth beta in
-seconds per byte). Each algorithm's allreduce of n bytes on P processes then costs
-``alpha * A(P) + beta * n * B(P)``:
-
-=========  ==================  ==================  =========================================
-algorithm  A(P) (messages)     B(P) (volume)        why
-=========  ==================  ==================  =========================================
-tree       2 d                 2 d                  FireCaffe eq.: up and down d = ceil(log_k P)
-                                                    levels, one buffer per level (unpipelined)
-ring       2 (P - 1)           2 (P - 1) / P        reduce-scatter + all-gather
-ps         2 (P - 1)           2 (P - 1)            the server's link carries every buffer twice
-mpi        2 ceil(log2 P)      2 (P - 1) / P        MPICH's Rabenseifner for long messages
-=========  ==================  ==================  =========================================
-
-The formulas are keyed by the names of :mod:`caffe_engine.comm.registry`; a registered algorithm
-without one is listed in :data:`NOT_MODELLED` with the reason (tests/perf/test_perf_registry.py
-checks that every registered name is in one or the other).
-
+The formulas ``alpha * A(P) + beta * n * B(P)`` of each algorithm, and reading and predicting
+from a fitted model, are the runtime's (``--bucket_mb auto``):
+:mod:`caffe_engine.comm.allreduce_cost` (the table of A(P), B(P) is there; its names are
+re-exported here for the models and their tests). This module adds the offline half:
 :meth:`AlphaBetaModel.fit` finds alpha and beta per algorithm by least squares (non-negative) on
-the rows of ``tools/bench_allreduce.py``'s results.json (``tools/cost_model.py --fit``). At run
-time ``--bucket_mb auto`` reads a saved model (``CAFFE_COST_MODEL``,
-:func:`caffe_engine.comm.bucket_plan.model_alpha_beta`): this module is the one of the package
-that the runtime imports.
+the rows of ``tools/bench_allreduce.py``'s results.json (``tools/cost_model.py --fit``), and
+:meth:`AlphaBetaModel.save` writes the file the runtime reads.
 """
 import json
 
 import numpy
 
-from ..comm import registry
-from ..comm.tree import ceil_log
-from ..errors import CaffeError
+from ..comm import allreduce_cost
+from ..comm.allreduce_cost import shape_terms
 from .fit import fit_terms, save_json
 
-
-def _tree(p, branching):
-    d = ceil_log(p, branching)
-    return 2.0 * d, 2.0 * d
-
-
-def _ring(p, branching):
-    return 2.0 * (p - 1), 2.0 * (p - 1) / p
+#: The runtime's table (:mod:`caffe_engine.comm.allreduce_cost`), named here beside the fit.
+ALGORITHMS, NOT_MODELLED, SHAPE_TERMS = (allreduce_cost.ALGORITHMS, allreduce_cost.NOT_MODELLED,
+                                         allreduce_cost.SHAPE_TERMS)
 
 
-def _ps(p, branching):
-    return 2.0 * (p - 1), 2.0 * (p - 1)
-
-
-def _mpi(p, branching):
-    return 2.0 * ceil_log(p, 2), 2.0 * (p - 1) / p
-
-
-#: (A(P), B(P)) of each modelled algorithm, keyed by its registry name: function (P, k) for
-#: P >= 2 ranks and the tree's branching k.
-SHAPE_TERMS = {"tree": _tree, "ring": _ring, "ps": _ps, "mpi": _mpi}
-
-#: Registered algorithms with no A(P), B(P) here, and why.
-NOT_MODELLED = {
-    "hier": "its cost depends on the node layout: message_cost.allreduce_terms (gpus_per_node) "
-            "and schedules.link_schedule (ranks_per_host) model it",
-    "nccl": "NCCL chooses its own ring or tree and protocol per call; not modelled",
-}
-
-#: The modelled algorithms, in the registry's order (tree, ring, ps, mpi).
-ALGORITHMS = tuple(name for name in registry.ALGORITHMS if name in SHAPE_TERMS)
-
-
-def shape_terms(algorithm, procs, branching=2):
-    """(A(P), B(P)) of the table in the module docstring (0, 0 for one process).
-
-    Raises:
-        CaffeError: an algorithm without a formula (one line naming the known ones).
-    """
-    p = int(procs)
-    if p <= 1:
-        return 0.0, 0.0
-    if algorithm not in ALGORITHMS:
-        raise CaffeError(f"cost model: unknown algorithm '{algorithm}'; known: "
-                         f"{', '.join(ALGORITHMS)}")
-    return SHAPE_TERMS[algorithm](p, branching)
-
-
-class AlphaBetaModel:
-    """Per-algorithm alpha (s) and beta (s/byte).
+class AlphaBetaModel(allreduce_cost.AlphaBetaModel):
+    """Per-algorithm alpha (s) and beta (s/byte): :class:`caffe_engine.comm.allreduce_cost.
+    AlphaBetaModel` (``predict``, ``to_dict``, ``load``), fitted and written here.
 
     Args:
         params: {algorithm: {"alpha": seconds, "beta": seconds per byte}}.
         branching: the tree's k.
     """
-
-    def __init__(self, params=None, branching=2):
-        self.params = {k: dict(v) for k, v in (params or {}).items()}
-        self.branching = branching
 
     @classmethod
     def fit(cls, rows, branching=2, relative=True, stat="seconds"):
@@ -123,40 +60,9 @@ class AlphaBetaModel:
             params[alg] = {"alpha": float(alpha), "beta": float(beta)}
         return cls(params, branching)
 
-    def predict(self, algorithm, nbytes, procs):
-        """Seconds for one allreduce of ``nbytes`` on ``procs`` processes.
-
-        Raises:
-            CaffeError: no parameters for ``algorithm`` in this model.
-        """
-        if algorithm not in self.params:
-            raise CaffeError(f"cost model: no parameters for '{algorithm}' "
-                             f"(fitted: {', '.join(sorted(self.params)) or 'none'})")
-        A, B = shape_terms(algorithm, procs, self.branching)
-        p = self.params[algorithm]
-        return p["alpha"] * A + p["beta"] * float(nbytes) * B
-
-    def to_dict(self):
-        """{"branching": k, "algorithms": params}: what :meth:`save` writes."""
-        return {"branching": self.branching, "algorithms": self.params}
-
     def save(self, path):
-        """Write :meth:`to_dict` as JSON to ``path``."""
+        """Write :meth:`to_dict` as JSON to ``path`` (what :meth:`load` reads)."""
         save_json(self.to_dict(), path)
-
-    @classmethod
-    def load(cls, path):
-        """Read a model written by :meth:`save`.
-
-        Raises:
-            CaffeError: unreadable or malformed file.
-        """
-        try:
-            with open(path) as f:
-                d = json.load(f)
-            return cls(d["algorithms"], d.get("branching", 2))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CaffeError(f"cost model '{path}': cannot read it ({exc})") from None
 
 
 def fit_alpha_beta(results_json, branching=2, stat="seconds"):

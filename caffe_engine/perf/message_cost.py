@@ -1,10 +1,11 @@
 """One allreduce as ``alpha_eff + beta_eff * n``: the per-message cost the DAG (:mod:`.dag`) takes.
 
-Hockney's model with each algorithm's A(P), B(P) (:func:`.alpha_beta.shape_terms`: tree, ring,
-ps, mpi, any P), or the hierarchical allreduce below. On the emulated network, the link model's
+Hockney's model with each algorithm's A(P), B(P)
+(:func:`caffe_engine.comm.allreduce_cost.shape_terms`: tree, ring, ps, mpi, any P), or the
+hierarchical allreduce below. On the emulated network, the link model's
 schedules give the same pair (:meth:`.link_model.LinkModel.message_terms`).
 """
-from .alpha_beta import shape_terms
+from ..comm.allreduce_cost import shape_terms
 
 #: Seconds per message: our tree's fitted alpha on shared memory (docs/bench_allreduce_model.json,
 #: docs/scaling.md "Cost model"), i.e. our software's cost per message on a fast link.
@@ -31,8 +32,8 @@ def allreduce_terms(algorithm, procs, alpha, beta, gpus_per_node=1, alpha_intra=
     ``alpha_eff + beta_eff * n``.
 
     ``tree``, ``ring``, ``ps``, ``mpi``: ``alpha * A(P)``, ``beta * B(P)`` of
-    :func:`.alpha_beta.shape_terms` (the tree is FireCaffe's section-4 formula, 2 ceil(log_k P)
-    unpipelined hops; the ring 2 (P - 1) steps of n/P).
+    :func:`~caffe_engine.comm.allreduce_cost.shape_terms` (the tree is FireCaffe's section-4
+    formula, 2 ceil(log_k P) unpipelined hops; the ring 2 (P - 1) steps of n/P).
 
     ``hier`` (Jia et al. 2018, "hierarchical all-reduce"; docs/scaling.md, "Hierarchical
     allreduce"): N = ceil(P / K) nodes of K = ``gpus_per_node`` ranks; reduce within each node to
@@ -52,7 +53,8 @@ def allreduce_terms(algorithm, procs, alpha, beta, gpus_per_node=1, alpha_intra=
     Returns (0, 0) for one rank.
 
     Raises:
-        CaffeError: an algorithm without a formula (:func:`.alpha_beta.shape_terms`).
+        CaffeError: an algorithm without a formula
+            (:func:`~caffe_engine.comm.allreduce_cost.shape_terms`).
         ValueError: an unknown ``intra``.
     """
     p = int(procs)

@@ -335,7 +335,8 @@ def gather_resume(solver, comm=None):
     ``random_seed + rank`` stream, so each needs its own state): returns, on rank 0, rank 0's
     capture with the list of all ranks' captures under ``"ranks"``; None on the other ranks.
     Without a communicator (or with one rank) it is :func:`capture_resume`. The data-parallel
-    solver callback calls it (:meth:`caffe_engine.comm.data_parallel.DataParallel.on_snapshot`).
+    solver callback calls it through the solver (``Solver.resume_content``, from
+    :meth:`caffe_engine.comm.data_parallel.DataParallel.on_snapshot`).
     """
     content = capture_resume(solver)
     if comm is None or comm.size == 1:

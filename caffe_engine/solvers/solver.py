@@ -458,6 +458,13 @@ class Solver:
         rank's, from an ``on_snapshot`` callback) or of this process's own state."""
         snapshots.snapshot(self, resume_content)
 
+    def resume_content(self, comm=None):
+        """The ``.resume`` side file's content: this process's (:func:`.snapshot.capture_resume`),
+        or with ``comm`` of several ranks every rank's, gathered on rank 0 (collective; None on
+        the other ranks: :func:`.snapshot.gather_resume`). The data-parallel callback's
+        ``on_snapshot`` calls it, so that the communicator package needs no solver module."""
+        return snapshots.gather_resume(self, comm)
+
     def _snapshot_all_ranks(self):
         """The root snapshots, with the side-file content the ``on_snapshot`` callbacks give
         (every solver of a group calls this at the same point)."""
