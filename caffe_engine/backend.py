@@ -30,26 +30,6 @@ def cpu_cores():
         return os.cpu_count() or 1
 
 
-def positive_int_env(name, environ=None):
-    """The environment variable ``name`` (from ``environ``, default ``os.environ``) as a positive
-    int, or None when unset or blank.
-
-    Raises:
-        CaffeError: set to anything but a positive integer (one line naming the variable).
-    """
-    value = (os.environ if environ is None else environ).get(name, "").strip()
-    if not value:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        from .errors import CaffeError
-        raise CaffeError(f"{name} must be a positive integer, got {value!r}")
-    return number
-
-
 def xp():
     """The array module that new blobs are allocated with in the current mode."""
     return _state["xp"]

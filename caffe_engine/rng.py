@@ -52,6 +52,8 @@ import time
 
 import numpy
 
+from . import environment
+
 f32 = numpy.float32
 f64 = numpy.float64
 
@@ -711,7 +713,7 @@ def exact_rng():
     environment variable ``CAFFE_ENGINE_EXACT_RNG`` (``1``: on; unset, empty or ``0``: off)."""
     if _global["exact"] is not None:
         return _global["exact"]
-    return os.environ.get(EXACT_RNG_ENV, "").strip() not in ("", "0")
+    return environment.read(EXACT_RNG_ENV)
 
 
 def set_exact_rng(value):

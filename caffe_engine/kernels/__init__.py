@@ -45,9 +45,9 @@ that set.
 import dataclasses
 import importlib.util
 import logging
-import os
 import sys
 
+from .. import environment
 from ..backend import get_array_module
 
 logger = logging.getLogger("caffe_engine")
@@ -152,7 +152,7 @@ def cpu_default():
     """The name of the set NumPy arrays use: :func:`use`'s choice, else
     ``CAFFE_ENGINE_KERNELS``, else "cpu" when Numba imports (else "reference", warned once)."""
     if _state["cpu"] is None:  # the first call (or after use(None))
-        name = os.environ.get("CAFFE_ENGINE_KERNELS", "").strip() or None
+        name = environment.read("CAFFE_ENGINE_KERNELS")
         if name is None:
             missing = _numba_available()
             if missing is None:
@@ -212,7 +212,7 @@ def blas_description():
         phrase = (f"{info.get('internal_api')} {info.get('version')} (kernel {arch or '?'}, "
                   f"{threads} thread{'s' if threads != 1 else ''}")
         if arch and arch.lower() in _BELOW_AVX512 and _host_has_avx512():
-            forced = os.environ.get("OPENBLAS_CORETYPE")
+            forced = environment.raw("OPENBLAS_CORETYPE")
             phrase += ", below this CPU's AVX-512" + (f": OPENBLAS_CORETYPE={forced} is set"
                                                       if forced else "")
         phrases.append(phrase + ")")
@@ -226,7 +226,7 @@ def gpu_default():
     Raises:
         ValueError: another name.
     """
-    name = os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda"
+    name = environment.read("CAFFE_ENGINE_GPU_KERNELS") or "cuda"
     if name not in ("cuda", "reference"):
         raise ValueError(f"CAFFE_ENGINE_GPU_KERNELS={name!r}: the kernel sets for CuPy arrays "
                          "are cuda and reference")
