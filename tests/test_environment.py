@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from caffe_engine import environment, kernels, rng
-from caffe_engine.comm import communicator, staging
+from caffe_engine.comm import communicator
 from caffe_engine.errors import CaffeError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,8 @@ def test_the_flags_keep_their_readings():
     assert read("CAFFE_SUPERVISED", {}) is False
     assert read("CAFFE_NODE", {"CAFFE_NODE": ""}) is None
     assert read("CAFFE_NODE", {"CAFFE_NODE": "h1"}) == "h1"
-    assert staging.mode_from_env({"CAFFE_COMM_STAGING": " EMULATE"}) == "emulate"
+    assert read("CAFFE_COMM_STAGING", {"CAFFE_COMM_STAGING": " EMULATE"}) == "emulate"
+    assert read("CAFFE_COMM_STAGING", {}) == "auto"
     assert read("OMPI_COMM_WORLD_RANK", {"OMPI_COMM_WORLD_RANK": "3"}) == 3
 
 
