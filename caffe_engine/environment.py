@@ -102,8 +102,8 @@ def _seconds(name, value):
 
 
 def _staging_mode(name, value):
-    """The mode word in lower case, ``auto`` when unset or empty (checked by the communicator's
-    staging: :func:`caffe_engine.comm.staging.mode_from_env`)."""
+    """The mode word in lower case, ``auto`` when unset or empty (checked by the communicators'
+    staging of device buckets, ``mode_from_env`` in :mod:`caffe_engine.comm`)."""
     return (value or "auto").strip().lower()
 
 
@@ -160,7 +160,7 @@ VARIABLES = (
        "(caffe_engine/comm/hier.py)", _positive_int),
     _V("CAFFE_COMM_STAGING", "engine", "auto",
        "emulate: stage NumPy gradient buckets through an emulated device (auto: CuPy buckets "
-       "only; caffe_engine/comm/staging.py)", _staging_mode),
+       "only; the communicators' staging, caffe_engine/comm)", _staging_mode),
     _V("CAFFE_GRAD_OVERLAP", "engine", "on",
        "0, off, false or no: reduce the gradient buckets after backward instead of during it "
        "(caffe_engine/comm/buckets.py)", _on_unless_off_word),
