@@ -98,8 +98,9 @@ def choose_device(local_rank, local_size, device_count, device=None, environ=Non
             device and more ranks on the machine than devices (NCCL: one rank per GPU).
     """
     source, value = "device", device
-    if value is None and environment.read(DEVICE_VAR, environ) is not None:
-        source, value = DEVICE_VAR, environment.raw(DEVICE_VAR, environ)
+    chosen = environment.read(DEVICE_VAR, environ)     # None when unset or empty
+    if value is None and chosen is not None:
+        source, value = DEVICE_VAR, chosen
     if value is None:
         if local_size > device_count:
             raise CaffeError(f"communicator 'nccl': {local_size} ranks on this machine but "
