@@ -14,6 +14,8 @@ ImportError saying there is none.
 import os as _os
 import sys as _sys
 
+# Read here, not through caffe_engine.environment (where it is declared): importing that would
+# import the engine this switch is there to avoid.
 if _os.environ.get("CAFFE_ENGINE_NO_ALIAS", "") not in ("", "0"):
     from ._elsewhere import load_other_caffe as _load_other_caffe
     _load_other_caffe(__name__, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))

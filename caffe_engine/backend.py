@@ -3,14 +3,16 @@
 Layers never import numpy or cupy for array math directly; they call :func:`get_array_module`
 on one of their blobs' arrays (Chainer's idiom), so one body serves both devices. Which module new
 blobs are allocated with is the process-wide mode set by :func:`set_mode_cpu` / :func:`set_mode_gpu`
-(pycaffe's names).
+(pycaffe's names). The mode, the device, the solver count and rank, the host-read counters and
+the deferred checks are fields of :data:`caffe_engine.process.state`; the functions here are
+pycaffe's and the engine's names for reading and setting them.
 """
 import contextlib
 import os
 
 import numpy
 
-_state = {"xp": numpy, "device": 0, "solver_count": 1, "solver_rank": 0, "multiprocess": False}
+from .process import state
 
 
 def get_array_module(*arrays):
@@ -30,34 +32,14 @@ def cpu_cores():
         return os.cpu_count() or 1
 
 
-def positive_int_env(name, environ=None):
-    """The environment variable ``name`` (from ``environ``, default ``os.environ``) as a positive
-    int, or None when unset or blank.
-
-    Raises:
-        CaffeError: set to anything but a positive integer (one line naming the variable).
-    """
-    value = (os.environ if environ is None else environ).get(name, "").strip()
-    if not value:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        from .errors import CaffeError
-        raise CaffeError(f"{name} must be a positive integer, got {value!r}")
-    return number
-
-
 def xp():
     """The array module that new blobs are allocated with in the current mode."""
-    return _state["xp"]
+    return state.xp
 
 
 def set_mode_cpu():
     """Allocate new blobs with NumPy (the default)."""
-    _state["xp"] = numpy
+    state.xp = numpy
 
 
 def _cuda_version(number):
@@ -106,31 +88,31 @@ def set_mode_gpu():
     if reason is None:
         try:
             import cupy
-            cupy.cuda.Device(_state["device"]).use()
+            cupy.cuda.Device(state.device).use()
         except Exception as exc:  # CUDARuntimeError: a device id beyond those present
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if reason is not None:
-        if not _state.get("warned_no_gpu"):
+        if not state.warned_no_gpu:
             from .log import logger
             logger.warning("set_mode_gpu: no usable GPU (%s); running on the CPU", reason)
-            _state["warned_no_gpu"] = True
+            state.warned_no_gpu = True
         return False
     import cupy
-    _state["xp"] = cupy
+    state.xp = cupy
     return True
 
 
 def set_device(device_id):
     """Select the CUDA device used by GPU mode (pycaffe's ``set_device``)."""
-    _state["device"] = int(device_id)
-    if _state["xp"] is not numpy:
-        _state["xp"].cuda.Device(_state["device"]).use()
+    state.device = int(device_id)
+    if state.xp is not numpy:
+        state.xp.cuda.Device(state.device).use()
 
 
 def solver_count():
     """Solvers training together, as a pycaffe script set it (Caffe's ``Caffe::solver_count``;
     1 by default; ``mpiexec`` runs take theirs from the communicator instead)."""
-    return _state["solver_count"]
+    return state.solver_count
 
 
 def set_solver_count(count):
@@ -141,12 +123,12 @@ def set_solver_count(count):
     """
     if int(count) < 1:
         raise ValueError(f"set_solver_count: count must be at least 1, got {count}")
-    _state["solver_count"] = int(count)
+    state.solver_count = int(count)
 
 
 def solver_rank():
     """This process's solver among :func:`solver_count` (Caffe's ``Caffe::solver_rank``; 0)."""
-    return _state["solver_rank"]
+    return state.solver_rank
 
 
 def set_solver_rank(rank):
@@ -158,17 +140,17 @@ def set_solver_rank(rank):
     """
     if int(rank) < 0:
         raise ValueError(f"set_solver_rank: rank must be non-negative, got {rank}")
-    _state["solver_rank"] = int(rank)
+    state.solver_rank = int(rank)
 
 
 def multiprocess():
     """Whether a pycaffe script declared one process per solver (``set_multiprocess``)."""
-    return _state["multiprocess"]
+    return state.multiprocess
 
 
 def set_multiprocess(value):
     """pycaffe's ``set_multiprocess``: recorded; solvers here are always one per process."""
-    _state["multiprocess"] = bool(value)
+    state.multiprocess = bool(value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,7 +163,7 @@ def set_multiprocess(value):
 # helpers below, at display time (see caffe_engine/solvers/solver.py). They count the reads of
 # device arrays, so that tests can bound them; :func:`count_host_reads` also makes NumPy
 # arrays count as device arrays, which is how the CPU-only tests run the device path.
-_reads = {"count": 0, "emulate": 0}
+# (The counters are ``state.host_reads`` and ``state.emulated_reads``.)
 
 
 def _is_cupy(array):
@@ -193,12 +175,12 @@ def on_device(array):
     for anything else inside :func:`count_host_reads` (the tests' emulation of the device path
     on NumPy). Code that has a cheaper host-only path (an immediate check instead of a deferred
     one, a log line every iteration) takes it only when this is False."""
-    return _reads["emulate"] > 0 or _is_cupy(array)
+    return state.emulated_reads > 0 or _is_cupy(array)
 
 
 def _counted(array):
     if on_device(array):
-        _reads["count"] += 1
+        state.host_reads += 1
 
 
 def to_numpy(array):
@@ -225,19 +207,20 @@ def host_scalar(array):
 
 
 def host_reads():
-    """Host reads of device arrays (:func:`on_device`) counted since the process started."""
-    return _reads["count"]
+    """Host reads of device arrays (:func:`on_device`) counted since the process started (or
+    the last :func:`caffe_engine.process.reset`)."""
+    return state.host_reads
 
 
 class HostReadCounter:
     """What :func:`count_host_reads` yields: ``count``, the reads since the block started."""
 
     def __init__(self):
-        self._start = _reads["count"]
+        self._start = state.host_reads
 
     @property
     def count(self):
-        return _reads["count"] - self._start
+        return state.host_reads - self._start
 
 
 @contextlib.contextmanager
@@ -247,17 +230,17 @@ def count_host_reads():
     branches it takes on a GPU (deferred checks, no per-iteration log reads) on NumPy. The
     values computed are the same on both paths; only when they are read differs. Yields a
     :class:`HostReadCounter`. Blocks may nest."""
-    _reads["emulate"] += 1
+    state.emulated_reads += 1
     try:
         yield HostReadCounter()
     finally:
-        _reads["emulate"] -= 1
+        state.emulated_reads -= 1
 
 
 # ------------------------------------------------------------------------------------------------
 # Deferred checks: errors found on the device, raised when the host next reads anyway
 # ------------------------------------------------------------------------------------------------
-_deferred = {}   # key -> [bad (0-d bool), payload (0-d), make_error]
+# ``state.deferred``: key -> [bad (0-d bool), payload (0-d), make_error]
 
 
 def defer_check(key, bad, payload, make_error):
@@ -273,9 +256,9 @@ def defer_check(key, bad, payload, make_error):
     :func:`raise_deferred` reads them back. Off the device (:func:`on_device` False) callers
     check at once instead; this is the device path.
     """
-    entry = _deferred.get(key)
+    entry = state.deferred.get(key)
     if entry is None:
-        _deferred[key] = [bad, payload, make_error]
+        state.deferred[key] = [bad, payload, make_error]
         return
     xp = get_array_module(bad, entry[0])
     entry[1] = xp.where(entry[0], entry[1], payload)
@@ -318,7 +301,7 @@ def check_values(key, bad, values, make_error):
 
 def pending_checks():
     """Number of deferred checks not yet read back."""
-    return len(_deferred)
+    return len(state.deferred)
 
 
 def raise_deferred():
@@ -329,10 +312,10 @@ def raise_deferred():
     Raises:
         whatever the failing check's ``make_error`` builds (a CaffeError naming the layer).
     """
-    if not _deferred:
+    if not state.deferred:
         return
-    entries = list(_deferred.values())
-    _deferred.clear()
+    entries = list(state.deferred.values())
+    state.deferred.clear()
     xp = get_array_module(*(e[0] for e in entries))
     flags = to_numpy(xp.stack([xp.asarray(e[0]).reshape(()) for e in entries]))
     for (bad, payload, make_error), failed in zip(entries, flags):
@@ -342,4 +325,4 @@ def raise_deferred():
 
 def discard_deferred():
     """Forget every pending deferred check unread (a net or test being thrown away)."""
-    _deferred.clear()
+    state.deferred.clear()

@@ -17,7 +17,8 @@ set it, as Caffe's mains do), ``stderrthreshold`` (severities copied to stderr a
 reads it from the environment), ``minloglevel`` (severities below it are dropped everywhere),
 ``log_dir`` and ``v`` (VLOG verbosity: :func:`vlog_is_on`). Not implemented: glog's file
 rotation at ``max_log_size`` (1800 MB), ``log_link``, the buffering of INFO lines (every line
-is flushed) and the FATAL abort.
+is flushed) and the FATAL abort. The variables are read through :mod:`caffe_engine.environment`
+(declared there as glog's); their text is interpreted here, by glog's rules.
 """
 import logging
 import os
@@ -25,6 +26,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from . import environment
 
 LOGGER_NAME = "caffe_engine"
 logger = logging.getLogger(LOGGER_NAME)
@@ -118,21 +121,24 @@ class GlogFlags:
         """The flags as glog initialises them from the environment: ``GLOG_<flag>``, with the
         defaults ``GOOGLE_LOGTOSTDERR``, ``GOOGLE_ALSOLOGTOSTDERR`` and ``GOOGLE_LOG_DIR`` /
         ``TEST_TMPDIR`` (``GLOG_DEFINE_*`` and ``DefaultLogDir`` in glog's logging.cc)."""
-        env = os.environ if environ is None else environ
+        def env(name):
+            return environment.raw(name, environ)
+
         log_dir_default = ""
         for name in ("GOOGLE_LOG_DIR", "TEST_TMPDIR"):
-            if env.get(name):
-                log_dir_default = env[name]
+            if env(name):
+                log_dir_default = env(name)
                 break
+        log_dir = env("GLOG_log_dir")
         return cls(
-            logtostderr=env_bool(env.get("GLOG_logtostderr"),
-                                 env_bool(env.get("GOOGLE_LOGTOSTDERR"), False)),
-            alsologtostderr=env_bool(env.get("GLOG_alsologtostderr"),
-                                     env_bool(env.get("GOOGLE_ALSOLOGTOSTDERR"), False)),
-            stderrthreshold=env_int(env.get("GLOG_stderrthreshold"), 2),
-            minloglevel=env_int(env.get("GLOG_minloglevel"), 0),
-            log_dir=env.get("GLOG_log_dir", log_dir_default),
-            v=env_int(env.get("GLOG_v"), 0),
+            logtostderr=env_bool(env("GLOG_logtostderr"),
+                                 env_bool(env("GOOGLE_LOGTOSTDERR"), False)),
+            alsologtostderr=env_bool(env("GLOG_alsologtostderr"),
+                                     env_bool(env("GOOGLE_ALSOLOGTOSTDERR"), False)),
+            stderrthreshold=env_int(env("GLOG_stderrthreshold"), 2),
+            minloglevel=env_int(env("GLOG_minloglevel"), 0),
+            log_dir=log_dir_default if log_dir is None else log_dir,
+            v=env_int(env("GLOG_v"), 0),
         )
 
 
@@ -186,8 +192,7 @@ def host_name():
 def user_name(environ=None):
     """glog's ``MyUserName``: ``$USER``, else the effective uid's name (``uid<N>`` without one);
     ``invalid-user`` when that is empty."""
-    env = os.environ if environ is None else environ
-    user = env.get("USER")
+    user = environment.raw("USER", environ)
     if user is None:
         try:
             import pwd
@@ -203,9 +208,9 @@ def logging_directories(flags, environ=None):
     an existing folder, then ``./``."""
     if flags.log_dir:
         return [flags.log_dir]
-    env = os.environ if environ is None else environ
     dirs = []
-    for d in (env.get("TEST_TMPDIR"), env.get("TMPDIR"), env.get("TMP"), "/tmp"):
+    tried = [environment.raw(name, environ) for name in ("TEST_TMPDIR", "TMPDIR", "TMP")]
+    for d in tried + ["/tmp"]:
         if not d:
             continue
         dirs.append(d)
@@ -236,7 +241,7 @@ class GlogHandler(logging.Handler):
         self.flags = flags
         self.stream = stream or sys.stderr
         self.setFormatter(GlogFormatter())
-        self._environ = dict(os.environ if environ is None else environ)
+        self._environ = environment.copy() if environ is None else dict(environ)
         self._files = [None] * len(SEVERITY_NAMES)
         self._failed = [False] * len(SEVERITY_NAMES)
         self._reported = False
@@ -344,7 +349,7 @@ def init_glog(program=None, alsologtostderr=None, overrides=None, stream=None, e
         overrides: ``{flag: value}`` from the command line (gflags parses them after the mains
             set ``alsologtostderr``, so they win over both); None values are skipped.
         stream: where stderr lines go (default ``sys.stderr``, read now).
-        environ: the environment to read (default ``os.environ``).
+        environ: the environment to read (default: this process's, read now).
 
     Returns:
         the engine's logger.

@@ -46,11 +46,17 @@ and restarted by :func:`set_random_seed`, as Caffe seeds its curand generator
 draws from it; the host stream is then not advanced by dropout. The *exact mode* (:func:`exact_rng`: ``CAFFE_ENGINE_EXACT_RNG=1`` or :func:`set_exact_rng`) keeps
 the host mt19937 bernoulli masks on the GPU too (copied to the device), so a GPU run draws
 exactly what a CPU run (and CPU Caffe) draws. On NumPy arrays the host stream is always used.
+
+The global stream, the exact-mode switch and the device streams are fields of
+:data:`caffe_engine.process.state` (``rng``, ``exact_rng``, ``device_streams``).
 """
 import os
 import time
 
 import numpy
+
+from . import environment
+from .process import state
 
 f32 = numpy.float32
 f64 = numpy.float64
@@ -682,8 +688,6 @@ class CaffeRNG:
         return (self.words(n).astype(dtype) <= threshold).astype(numpy.uint8)
 
 
-_global = {"rng": CaffeRNG(), "exact": None, "device": {}}
-
 #: The environment switch of :func:`exact_rng` ("1": on; unset, "" or "0": off).
 EXACT_RNG_ENV = "CAFFE_ENGINE_EXACT_RNG"
 
@@ -692,13 +696,16 @@ def set_random_seed(seed):
     """Reseed the process-wide stream (Caffe::set_random_seed); ``seed < 0``: from the clock.
 
     The device streams (:func:`device_stream`) restart from the new seed too."""
-    _global["rng"] = CaffeRNG(seed)
-    _global["device"] = {}
+    state.rng = CaffeRNG(seed)
+    state.device_streams = {}
 
 
 def get_rng():
-    """The process-wide stream that fillers, data layers and dropout draw from."""
-    return _global["rng"]
+    """The process-wide stream that fillers, data layers and dropout draw from (made on first
+    use, seeded from the clock, until :func:`set_random_seed`)."""
+    if state.rng is None:
+        state.rng = CaffeRNG()
+    return state.rng
 
 
 # ------------------------------------------------------------------------------------------------
@@ -709,16 +716,16 @@ def exact_rng():
     mt19937 stream (bit-identical to a CPU run, one host-to-device copy of the mask per
     forward) instead of the device stream. Set by :func:`set_exact_rng`, else by the
     environment variable ``CAFFE_ENGINE_EXACT_RNG`` (``1``: on; unset, empty or ``0``: off)."""
-    if _global["exact"] is not None:
-        return _global["exact"]
-    return os.environ.get(EXACT_RNG_ENV, "").strip() not in ("", "0")
+    if state.exact_rng is not None:
+        return state.exact_rng
+    return environment.read(EXACT_RNG_ENV)
 
 
 def set_exact_rng(value):
     """Turn the exact mode on (True) or off (False), or back to the environment's choice
     (None). Returns the previous setting (True, False or None)."""
-    previous = _global["exact"]
-    _global["exact"] = None if value is None else bool(value)
+    previous = state.exact_rng
+    state.exact_rng = None if value is None else bool(value)
     return previous
 
 
@@ -762,7 +769,7 @@ def device_stream(xp):
     the host stream's seed (the solver's ``random_seed``; from the clock without one) and made
     again after :func:`set_random_seed`."""
     key = _device_key(xp)
-    stream = _global["device"].get(key)
+    stream = state.device_streams.get(key)
     if stream is None:
-        stream = _global["device"][key] = DeviceStream(get_rng().seed, xp)
+        stream = state.device_streams[key] = DeviceStream(get_rng().seed, xp)
     return stream

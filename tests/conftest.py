@@ -8,6 +8,9 @@
 * The test helpers at this folder's root (``golden``, ``gradient_check``, ``paths``,
   ``tiny_train``) are importable by name from every test folder; a test module never imports
   another test module.
+* Every test starts and ends with a fresh process state (``caffe_engine.process.reset``: CPU
+  mode, one solver, the environment's kernel set, a new global random stream, no deferred
+  checks); a test that changes it needs no clean-up of its own.
 * Tests may reconfigure the engine's logger (the CLI and tools call setup_logging); it is
   restored after each test so that caplog-based tests see records whatever the order.
 * The engine's commands write glog's log files (``caffe_engine.log``) into ``$TMPDIR`` or
@@ -32,9 +35,16 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GLOG_logtostderr", "1")
 
-from caffe_engine import kernels  # noqa: E402
+from caffe_engine import kernels, process  # noqa: E402
 from cuda_env import cuda_missing  # noqa: E402
 from caffe_engine.log import logger  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state():
+    process.reset()
+    yield
+    process.reset()
 
 
 @pytest.fixture(autouse=True)

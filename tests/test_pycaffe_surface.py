@@ -207,15 +207,8 @@ def caffe_engine_error():
 
 
 # -- solver_count / rank, NCCL, Timer, set_mode_gpu ----------------------------------------------
-@pytest.fixture
-def solver_share():
-    yield
-    caffe.set_solver_count(1)
-    caffe.set_solver_rank(0)
-    caffe.set_multiprocess(False)
-
-
-def test_solver_count_and_rank_give_each_solver_its_share_of_the_records(tmp_path, monkeypatch, solver_share):
+# (conftest's process.reset puts solver_count, solver_rank and multiprocess back after each test)
+def test_solver_count_and_rank_give_each_solver_its_share_of_the_records(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_tiny_solver(tmp_path)
     whole = caffe.get_solver(path)

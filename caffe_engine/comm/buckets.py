@@ -37,11 +37,10 @@ carries each param's residual over into its new bucket.
 Caffe: src/caffe/parallel.cpp (NCCL::run per layer with ``layer_wise_reduce``, then the scale by
 1 / solver_count), include/caffe/net.hpp (``add_after_backward``).
 """
-import os
 
 import numpy
 
-from .. import backend
+from .. import backend, environment
 from ..errors import CaffeError
 
 
@@ -100,8 +99,7 @@ OVERLAP_VAR = "CAFFE_GRAD_OVERLAP"
 def overlap_from_env(environ=None):
     """False when ``CAFFE_GRAD_OVERLAP`` is ``0``, ``off``, ``false`` or ``no`` (any case), else
     True (also unset or empty): whether :class:`GradientSync` overlaps by default."""
-    value = (os.environ if environ is None else environ).get(OVERLAP_VAR, "")
-    return value.strip().lower() not in ("0", "off", "false", "no")
+    return environment.read(OVERLAP_VAR, environ)
 
 
 class Bucket:

@@ -61,6 +61,7 @@ import time
 
 import numpy
 
+from .. import environment
 from ..errors import CaffeError
 from . import pinned_mirror, registry
 from .registry import ALGORITHMS  # noqa: F401  (the registered names, a live view)
@@ -76,12 +77,17 @@ _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"
 # --------------------------------------------------------------------------------------------
 # Environment
 # --------------------------------------------------------------------------------------------
+def _first_set(names, environ):
+    """The value of the first of ``names`` that is set (an int), or None."""
+    return next((environment.read(v, environ) for v in names
+                 if environment.raw(v, environ) is not None), None)
+
+
 def launcher_rank_size(environ=None):
     """(rank, size) that an MPI launcher (mpiexec of MPICH / Open MPI / MVAPICH) put in the
     environment, or (0, 1) when the process was not started by one. Does not import MPI."""
-    env = os.environ if environ is None else environ
-    rank = next((int(env[v]) for v in _LAUNCHER_RANK_VARS if v in env), None)
-    size = next((int(env[v]) for v in _LAUNCHER_SIZE_VARS if v in env), None)
+    rank = _first_set(_LAUNCHER_RANK_VARS, environ)
+    size = _first_set(_LAUNCHER_SIZE_VARS, environ)
     if rank is None or size is None:
         return 0, 1
     return rank, size
@@ -89,8 +95,7 @@ def launcher_rank_size(environ=None):
 
 def launched_under_mpi(environ=None):
     """Whether an MPI launcher started this process (its environment says so)."""
-    env = os.environ if environ is None else environ
-    return any(v in env for v in _LAUNCHER_RANK_VARS)
+    return any(environment.raw(v, environ) is not None for v in _LAUNCHER_RANK_VARS)
 
 
 def mpi_module():
@@ -104,13 +109,8 @@ def mpi_module():
 
 def default_timeout():
     """Seconds a communicator wait may take before the job is aborted (``CAFFE_COMM_TIMEOUT``)."""
-    value = os.environ.get("CAFFE_COMM_TIMEOUT")
-    if value is None:
-        return DEFAULT_TIMEOUT
-    try:
-        return float(value)
-    except ValueError:
-        raise CaffeError(f"CAFFE_COMM_TIMEOUT must be a number of seconds, got {value!r}") from None
+    value = environment.read("CAFFE_COMM_TIMEOUT")
+    return DEFAULT_TIMEOUT if value is None else value
 
 
 # --------------------------------------------------------------------------------------------

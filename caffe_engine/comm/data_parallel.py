@@ -33,9 +33,8 @@ The solver itself deals the train records (record i to rank i mod P, through the
 ``solver_count`` / ``solver_rank``) once ``on_init`` has set its ``solver_count``, and gates the
 display lines, tests and snapshots on rank 0 (Caffe's ``Caffe::root_solver()``).
 """
-import os
 
-from .. import rng
+from .. import environment, rng
 from ..errors import CaffeError
 from ..log import g, logger
 from ..proto import caffe_pb2
@@ -153,7 +152,7 @@ class DataParallel:
         if auto:    # MG-WFBP: planned from the first iterations' backward times
             from .bucket_plan import AutoBuckets
             self.planner = AutoBuckets(net, self.grad_sync, self.comm, log=logger,
-                                       model_path=os.environ.get("CAFFE_COST_MODEL") or None)
+                                       model_path=environment.read("CAFFE_COST_MODEL"))
         logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB%s, "
                     "records dealt to %s%s", self.rank, self.size, self.comm.name,
                     len(self.grad_sync.buckets), g(first_mb),

@@ -28,12 +28,11 @@ and aborts the job, whether or not ``mpiexec`` cleans up by itself. No rank hang
 import contextlib
 import hashlib
 import logging
-import os
 import sys
 
 import numpy
 
-from .. import backend, kernels
+from .. import backend, environment, kernels
 from ..io import workers as data_workers
 from ..layers.record_dealing import deal_records  # noqa: F401  (record i to rank i mod size)
 from . import peer_watch
@@ -121,7 +120,7 @@ def share_cores(comm):
         return None
     MPI = comm.MPI
     _, local_size = local_place(mpi_comm, MPI)
-    if any(os.environ.get(v) for v in _THREAD_VARS):
+    if any(environment.raw(v) for v in _THREAD_VARS):
         return None
     try:
         from threadpoolctl import threadpool_limits
@@ -131,7 +130,7 @@ def share_cores(comm):
     # The limit holds for the process's lifetime (the object is not used as a context manager).
     threadpool_limits(limits=threads, user_api="blas")
     kernels.set_threads(threads)
-    if not os.environ.get("CAFFE_ENGINE_DATA_THREADS"):
+    if not environment.raw("CAFFE_ENGINE_DATA_THREADS"):
         data_workers.set_threads(threads)
     logging.getLogger("caffe_engine").debug("%d ranks on this host: %d BLAS threads each",
                                             local_size, threads)

@@ -62,11 +62,10 @@ With one node the algorithm is a reduce-scatter and all-gather inside it; with o
 it is the inter-node algorithm alone. Lanes: the option ``lanes``, else the environment variable
 ``CAFFE_HIER_LANES`` (a positive integer), else every rank of the smallest node.
 """
-import os
 
 import numpy
 
-from ..backend import positive_int_env
+from .. import environment
 from ..errors import CaffeError
 from .communicator import MPICommunicator
 from .registry import register
@@ -172,7 +171,7 @@ def lanes_from_env(environ=None):
     Raises:
         CaffeError: not a positive integer (one line).
     """
-    return positive_int_env(LANES_VAR, environ)
+    return environment.read(LANES_VAR, environ)
 
 
 def slice_bounds(lo, hi, lanes):
@@ -277,7 +276,7 @@ class HierarchicalCommunicator(MPICommunicator):
             local.Free()
 
     def _discover(self, nodes, lanes):
-        mine = (os.environ.get(NODE_VAR) or None, self._shared_id(),
+        mine = (environment.read(NODE_VAR), self._shared_id(),
                 None if nodes is None else list(nodes), lanes)
         everyone = self.comm.allgather(mine)
         if any(e[2] != everyone[0][2] for e in everyone):

@@ -34,12 +34,12 @@ device missing (``communicator 'nccl' needs CuPy with NCCL and a CUDA device ...
 ranks on a machine than GPUs; a bad ``device``/``CAFFE_NCCL_DEVICE``; and, per call, a host
 (NumPy) buffer or one on another GPU. There is no compressed allreduce on NCCL.
 """
-import os
 import time
 import warnings
 
 import numpy
 
+from .. import environment
 from ..errors import CaffeError
 from .communicator import (WATCHDOG, Communicator, Handle, _check_op, check_buffer, local_place,
                            mpi_module)
@@ -88,7 +88,7 @@ def choose_device(local_rank, local_size, device_count, device=None, environ=Non
             number.
         device_count: CUDA devices visible to this process.
         device: the constructor option (None: not given).
-        environ: the environment (default ``os.environ``), for ``CAFFE_NCCL_DEVICE``.
+        environ: the environment to read (default: this process's), for ``CAFFE_NCCL_DEVICE``.
 
     Returns:
         ``device`` if given, else ``CAFFE_NCCL_DEVICE`` if set, else ``local_rank``.
@@ -97,10 +97,10 @@ def choose_device(local_rank, local_size, device_count, device=None, environ=Non
         CaffeError: a device id that is not an integer in [0, device_count); no explicit
             device and more ranks on the machine than devices (NCCL: one rank per GPU).
     """
-    env = os.environ if environ is None else environ
     source, value = "device", device
-    if value is None and env.get(DEVICE_VAR, "") != "":
-        source, value = DEVICE_VAR, env[DEVICE_VAR]
+    chosen = environment.read(DEVICE_VAR, environ)     # None when unset or empty
+    if value is None and chosen is not None:
+        source, value = DEVICE_VAR, chosen
     if value is None:
         if local_size > device_count:
             raise CaffeError(f"communicator 'nccl': {local_size} ranks on this machine but "

@@ -44,6 +44,7 @@ import struct
 import threading
 import time
 
+from .. import environment
 from . import supervisor
 
 #: Seconds a process waits for MPI_Abort to end it before it exits by itself.
@@ -175,7 +176,7 @@ def start(comm, on_failure=None):
     if rank == 0:
         log.info("Ranks: " + ", ".join(f"{r} pid {pid}{under} on {host}"
                                        for r, (pid, under, host) in enumerate(places)))
-    if os.environ.get("CAFFE_PEER_WATCH", "1") == "0":
+    if not environment.read("CAFFE_PEER_WATCH"):
         return False
     server = None
     if rank == 0:

@@ -42,10 +42,10 @@ staged. Caffe itself never staged: its multi-GPU path was NCCL (src/caffe/parall
 chunked, double-streamed copy follows Horovod's and MPI libraries' pipelined host staging.
 """
 import bisect
-import os
 
 import numpy
 
+from .. import environment
 from ..errors import CaffeError
 
 #: Environment variable choosing the staging mode: "auto" (default) or "emulate".
@@ -66,8 +66,7 @@ def mode_from_env(environ=None):
     Raises:
         CaffeError: another value (one line).
     """
-    value = (os.environ if environ is None else environ).get(STAGING_VAR, "") or "auto"
-    value = value.strip().lower()
+    value = environment.read(STAGING_VAR, environ)
     if value not in MODES:
         raise CaffeError(f"{STAGING_VAR} must be {' or '.join(MODES)}, got {value!r}")
     return value

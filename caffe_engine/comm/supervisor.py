@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 
+from .. import environment
 from .communicator import launched_under_mpi, launcher_rank_size
 
 #: Set in the child's environment; also tells the peer watch that the parent reports signals.
@@ -36,17 +37,16 @@ def wanted(environ=None):
     """Whether this process should fork a supervised child: under an MPI launcher with more
     than one rank, not already the child, MPI not imported yet, not turned off by
     ``CAFFE_SUPERVISE=0``. (The ``caffe`` command asks only when it is the program itself.)"""
-    env = os.environ if environ is None else environ
-    if env.get(CHILD_VAR) == "1" or env.get("CAFFE_SUPERVISE", "1") == "0":
+    if environment.read(CHILD_VAR, environ) or not environment.read("CAFFE_SUPERVISE", environ):
         return False
     if "mpi4py.MPI" in sys.modules:     # never fork a process that may have started MPI
         return False
-    return launched_under_mpi(env) and launcher_rank_size(env)[1] > 1
+    return launched_under_mpi(environ) and launcher_rank_size(environ)[1] > 1
 
 
 def supervised():
     """Whether this process is the supervised child (its parent reports a death by signal)."""
-    return os.environ.get(CHILD_VAR) == "1"
+    return environment.read(CHILD_VAR)
 
 
 def describe_signal(number):
@@ -67,7 +67,7 @@ def run():
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        os.environ[CHILD_VAR] = "1"
+        environment.export(CHILD_VAR, "1")
         _die_with_parent()
         return
     for sig in _GROUP_SIGNALS:

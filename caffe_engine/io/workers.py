@@ -23,7 +23,8 @@ import concurrent.futures
 import os
 import threading
 
-from ..backend import cpu_cores, positive_int_env
+from .. import environment
+from ..backend import cpu_cores
 
 _lock = threading.Lock()
 _state = {"threads": None, "workers": None}
@@ -35,7 +36,7 @@ def default_threads():
     Raises:
         CaffeError: the variable is not a positive integer.
     """
-    threads = positive_int_env("CAFFE_ENGINE_DATA_THREADS")
+    threads = environment.read("CAFFE_ENGINE_DATA_THREADS")
     return cpu_cores() if threads is None else threads
 
 

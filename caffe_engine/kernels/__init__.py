@@ -40,20 +40,19 @@ The sets:
   the CPU, serially -- a check, about 10 times slower than ``cpu``).
 
 ``CAFFE_ENGINE_KERNELS=reference`` (or ``cuda-emulated``, or :func:`use`) makes NumPy arrays use
-that set.
+that set. The choice, the threads and the sets made are fields of
+:data:`caffe_engine.process.state` (``kernel_choice``, ``kernel_threads``, ``kernel_sets``).
 """
 import dataclasses
 import importlib.util
 import logging
-import os
 import sys
 
+from .. import environment
 from ..backend import get_array_module
+from ..process import state
 
 logger = logging.getLogger("caffe_engine")
-
-_sets = {}
-_state = {"cpu": None, "threads": None}
 
 #: What ``numba.np.arraymath`` imports when it is imported, to see whether a BLAS is there.
 _BLAS_PROBE = "scipy.linalg.cython_blas"
@@ -102,10 +101,11 @@ def get(name):
     Raises:
         ValueError: an unknown name, "cpu" without Numba, or "cuda" without CuPy.
     """
-    if name not in _sets:
+    sets = state.kernel_sets
+    if name not in sets:
         if name == "reference":
             from .reference import ReferenceKernels
-            _sets[name] = ReferenceKernels()
+            sets[name] = ReferenceKernels()
         elif name == "cpu":
             missing = _numba_available()
             if missing is not None:
@@ -113,13 +113,13 @@ def get(name):
             from .cpu import CpuKernels
             from .cpu.tuning import CpuTuning
             tuning = CpuTuning.from_environment()
-            if _state["threads"]:
-                tuning = dataclasses.replace(tuning, threads=_state["threads"])
-            _sets[name] = CpuKernels(tuning)
+            if state.kernel_threads:
+                tuning = dataclasses.replace(tuning, threads=state.kernel_threads)
+            sets[name] = CpuKernels(tuning)
         elif name == "cuda":
             from .cuda import CudaKernels
             try:
-                _sets[name] = CudaKernels()
+                sets[name] = CudaKernels()
             except ImportError as exc:
                 raise ValueError(f"the cuda kernel set needs CuPy: {exc}") from None
         elif name == "cuda-emulated":
@@ -127,20 +127,20 @@ def get(name):
             from .cuda.emulator import EmulatedDevice, compiler_missing
             if compiler_missing():
                 raise ValueError(f"the cuda-emulated kernel set needs g++: {compiler_missing()}")
-            _sets[name] = CudaKernels(EmulatedDevice())
+            sets[name] = CudaKernels(EmulatedDevice())
         else:
             raise ValueError(f"unknown kernel set {name!r} (known: reference, cpu, cuda, "
                              "cuda-emulated)")
-    return _sets[name]
+    return sets[name]
 
 
 def set_threads(threads):
     """Threads for the compiled kernels of this process (data-parallel ranks sharing a host
     take a share of its cores); plans made after this call use them."""
-    _state["threads"] = max(1, int(threads))
-    if "cpu" in _sets:
-        cpu = _sets["cpu"]
-        cpu.retune(dataclasses.replace(cpu.tuning, threads=_state["threads"]))
+    state.kernel_threads = max(1, int(threads))
+    if "cpu" in state.kernel_sets:
+        cpu = state.kernel_sets["cpu"]
+        cpu.retune(dataclasses.replace(cpu.tuning, threads=state.kernel_threads))
 
 
 def available():
@@ -151,8 +151,8 @@ def available():
 def cpu_default():
     """The name of the set NumPy arrays use: :func:`use`'s choice, else
     ``CAFFE_ENGINE_KERNELS``, else "cpu" when Numba imports (else "reference", warned once)."""
-    if _state["cpu"] is None:  # the first call (or after use(None))
-        name = os.environ.get("CAFFE_ENGINE_KERNELS", "").strip() or None
+    if state.kernel_choice is None:  # the first call (or after use(None))
+        name = environment.read("CAFFE_ENGINE_KERNELS")
         if name is None:
             missing = _numba_available()
             if missing is None:
@@ -164,8 +164,8 @@ def cpu_default():
         if name not in ("reference", "cpu", "cuda-emulated"):
             raise ValueError(f"CAFFE_ENGINE_KERNELS={name!r}: known kernel sets are "
                              "reference, cpu and cuda-emulated")
-        _state["cpu"] = name
-    return _state["cpu"]
+        state.kernel_choice = name
+    return state.kernel_choice
 
 
 def describe_cpu():
@@ -212,7 +212,7 @@ def blas_description():
         phrase = (f"{info.get('internal_api')} {info.get('version')} (kernel {arch or '?'}, "
                   f"{threads} thread{'s' if threads != 1 else ''}")
         if arch and arch.lower() in _BELOW_AVX512 and _host_has_avx512():
-            forced = os.environ.get("OPENBLAS_CORETYPE")
+            forced = environment.raw("OPENBLAS_CORETYPE")
             phrase += ", below this CPU's AVX-512" + (f": OPENBLAS_CORETYPE={forced} is set"
                                                       if forced else "")
         phrases.append(phrase + ")")
@@ -226,7 +226,7 @@ def gpu_default():
     Raises:
         ValueError: another name.
     """
-    name = os.environ.get("CAFFE_ENGINE_GPU_KERNELS", "").strip() or "cuda"
+    name = environment.read("CAFFE_ENGINE_GPU_KERNELS") or "cuda"
     if name not in ("cuda", "reference"):
         raise ValueError(f"CAFFE_ENGINE_GPU_KERNELS={name!r}: the kernel sets for CuPy arrays "
                          "are cuda and reference")
@@ -243,10 +243,10 @@ def use(choice):
     Raises:
         ValueError: an unknown name, or "cpu" without Numba.
     """
-    previous = _state["cpu"]
+    previous = state.kernel_choice
     if isinstance(choice, str):
         get(choice)
-    _state["cpu"] = choice
+    state.kernel_choice = choice
     return previous
 
 

@@ -30,12 +30,11 @@ every :meth:`Solver.step` and every test. Tests sum their outputs on the device 
 means once. Reads go through ``backend.to_numpy`` / ``backend.host_scalar``, which count them
 (``tests/solvers/test_host_reads.py`` bounds them, running the device path on NumPy).
 """
-import os
 import time
 
 import numpy
 
-from .. import backend, rng
+from .. import backend, environment, rng
 from ..errors import CaffeError
 from ..io import prototxt as pio
 from ..log import g, logger
@@ -124,7 +123,7 @@ class Solver:
         if self.is_root:
             snapshots.remove_stale_temporaries(param.snapshot_prefix)
         self.net = net_factory.build_train_net(param, self.source)
-        if os.environ.get("CAFFE_ENGINE_SHARE_DIFFS", "1") != "0":
+        if environment.read("CAFFE_ENGINE_SHARE_DIFFS"):
             # Intermediate gradients share memory (caffe_engine/diff_sharing.py); set
             # CAFFE_ENGINE_SHARE_DIFFS=0 to keep every blob's diff after step() as Caffe does.
             self.net.share_diff_memory()

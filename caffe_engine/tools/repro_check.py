@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import environment
 from .training_log import parse_log
 
 #: BLAS threads for the engine's runs (also tools/compare_training.py's). The float32 sums inside matrix products depend on how OpenBLAS
@@ -160,7 +161,7 @@ def run_engine(solver, cwd, tmp, weights=None, snapshot=None, gpu=None, timeout=
         argv.append(f"--snapshot={snapshot}")
     if gpu is not None:
         argv.append(f"--gpu={gpu}")
-    env = dict(os.environ)
+    env = environment.copy()
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         env.setdefault(name, BLAS_THREADS)
     r = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)

@@ -92,12 +92,11 @@ def reset_stats():
 
 
 def forget_device_state():
-    """Drop what the engine made for the (fake) device: the cuda kernel set, the device random
-    streams, pending deferred checks (between tests, installed or not)."""
-    from caffe_engine import backend, kernels, rng
-    kernels._sets.pop("cuda", None)
-    rng._global["device"] = {}
-    backend.discard_deferred()
+    """Drop what the engine made for the (fake) device -- the cuda kernel set, the device random
+    streams, pending deferred checks -- with the rest of the process state
+    (``caffe_engine.process.reset``; between tests, installed or not)."""
+    from caffe_engine import process
+    process.reset()
 
 
 def _count_op(name):

@@ -3,9 +3,9 @@
 Tests construct their own (one thread, tiny blocks) to reach every edge of the blocking;
 ``CpuTuning.from_environment()`` is what the engine uses.
 """
-import os
 from dataclasses import dataclass
 
+from ... import environment
 from ...backend import cpu_cores
 
 
@@ -15,8 +15,8 @@ def _thread_budget():
     cores = cpu_cores()
     for var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
         try:
-            value = int(os.environ[var])
-        except (KeyError, ValueError):
+            value = int(environment.raw(var))
+        except (TypeError, ValueError):      # unset, or not a number
             continue
         if value > 0:
             return max(1, min(cores, value))
