@@ -773,3 +773,31 @@ def device_stream(xp):
     if stream is None:
         stream = state.device_streams[key] = DeviceStream(get_rng().seed, xp)
     return stream
+
+
+def dropout_mask(count, ratio, like):
+    """A fresh dropout mask of ``count`` elements for arrays like ``like``: ``(mask, threshold)``,
+    an element being kept where ``mask > threshold``.
+
+    * Host stream (NumPy arrays always; CuPy arrays in the exact mode, :func:`exact_rng`):
+      Caffe's CPU rule, ``bernoulli<double>(1 - ratio)`` from the global mt19937 stream, one
+      word per element in memory order (src/caffe/layers/dropout_layer.cpp): uint8 0/1 of
+      shape (count,), threshold 0; copied to the device for CuPy.
+    * Device stream (CuPy arrays otherwise): Caffe's GPU rule, ``count`` uint32 words drawn on
+      the device (:func:`device_stream`, dropout_layer.cu's ``caffe_gpu_rng_uniform``),
+      threshold ``dropout_threshold(ratio)`` (:mod:`caffe_engine.kernels.reference.neuron`).
+
+    The streams are this module's, so the choice is made here, not by a kernel set.
+
+    Args:
+        count: elements (int >= 0).
+        ratio: ``dropout_ratio``, float32 in [0, 1).
+        like: an array of the module the mask is for.
+    """
+    from .backend import get_array_module
+    from .kernels.reference.neuron import dropout_threshold
+    xp = get_array_module(like)
+    if host_stream_for(xp):
+        keep = get_rng().bernoulli(count, 1.0 - float(numpy.float32(ratio)))
+        return xp.asarray(keep), 0
+    return device_stream(xp).words(count), dropout_threshold(ratio)

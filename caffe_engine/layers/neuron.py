@@ -13,7 +13,7 @@ in-place use of those where a gradient is needed.
 """
 import numpy
 
-from .. import fillers, kernels
+from .. import fillers, kernels, rng
 from ..backend import get_array_module
 from ..blob import Blob
 from ..proto import caffe_pb2
@@ -591,8 +591,8 @@ class DropoutLayer(NeuronLayer):
     """Dropout: in TRAIN, ``top = x * (mask > threshold) * scale`` with a fresh mask each forward.
 
     The mask keeps each element with probability ``1 - dropout_ratio``. Where it comes from is
-    the kernel set's choice (``dropout_mask``, :func:`caffe_engine.kernels.reference.neuron.
-    dropout_mask`); the layer is the same on both devices:
+    the random streams' choice (:func:`caffe_engine.rng.dropout_mask`); the layer is the same
+    on both devices:
 
     * on the CPU (NumPy blobs), always, and on the GPU in the exact mode
       (``CAFFE_ENGINE_EXACT_RNG=1``, :func:`caffe_engine.rng.exact_rng`): Caffe's CPU rule,
@@ -637,8 +637,7 @@ class DropoutLayer(NeuronLayer):
             if top[0] is not bottom[0]:
                 xp.copyto(top[0].data, bottom[0].data)
             return
-        mask, self.threshold = self.kernels.dropout_mask(bottom[0].count, self.ratio,
-                                                         bottom[0].data)
+        mask, self.threshold = rng.dropout_mask(bottom[0].count, self.ratio, bottom[0].data)
         self.mask = mask.reshape(bottom[0].shape)
         self.kernels.dropout_forward(bottom[0].data, self.mask, self.threshold, self.scale,
                                      top[0].data)

@@ -145,7 +145,7 @@ def test_numpy_mask_is_the_host_bernoulli_whatever_the_mode():
     for exact in (False, True):
         caffe_rng.set_exact_rng(exact)
         caffe_rng.set_random_seed(11)
-        mask, threshold = kernels.get("reference").dropout_mask(x.size, F32(0.3), x)
+        mask, threshold = caffe_rng.dropout_mask(x.size, F32(0.3), x)
         caffe_rng.set_random_seed(11)
         want = caffe_rng.get_rng().bernoulli(x.size, 1.0 - float(F32(0.3)))
         assert threshold == 0 and mask.dtype == numpy.uint8
@@ -163,24 +163,24 @@ def test_device_path_words_threshold_and_keep_rate(numpy_as_device, ratio):
     caffe_rng.set_random_seed(5)
     n = 200000
     like = numpy.zeros(1, F32)
-    mask, threshold = ref_neuron.dropout_mask(n, F32(ratio), like)
+    mask, threshold = caffe_rng.dropout_mask(n, F32(ratio), like)
     assert mask.dtype == numpy.uint32 and mask.shape == (n,)
     assert threshold == ref_neuron.dropout_threshold(ratio)
     keep = float(numpy.mean(mask > numpy.uint32(threshold)))
     assert abs(keep - (1 - ratio)) < 0.005
     # Seeded from the host stream's seed: the same words after the same seed, a fresh draw
     # otherwise; the host stream is not advanced.
-    again, _ = ref_neuron.dropout_mask(n, F32(ratio), like)
+    again, _ = caffe_rng.dropout_mask(n, F32(ratio), like)
     assert not numpy.array_equal(mask, again)
     caffe_rng.set_random_seed(5)
     assert caffe_rng.device_stream(numpy).seed == 5
     first_word = caffe_rng.get_rng().word()
     caffe_rng.set_random_seed(5)
-    repeat, _ = ref_neuron.dropout_mask(n, F32(ratio), like)
+    repeat, _ = caffe_rng.dropout_mask(n, F32(ratio), like)
     numpy.testing.assert_array_equal(mask, repeat)
     assert caffe_rng.get_rng().word() == first_word
     caffe_rng.set_random_seed(6)
-    other, _ = ref_neuron.dropout_mask(n, F32(ratio), like)
+    other, _ = caffe_rng.dropout_mask(n, F32(ratio), like)
     assert not numpy.array_equal(mask, other)
 
 
@@ -188,12 +188,12 @@ def test_exact_mode_takes_the_host_stream_on_the_device_path(numpy_as_device):
     like = numpy.zeros(1, F32)
     caffe_rng.set_exact_rng(True)
     caffe_rng.set_random_seed(8)
-    mask, threshold = ref_neuron.dropout_mask(500, F32(0.5), like)
+    mask, threshold = caffe_rng.dropout_mask(500, F32(0.5), like)
     caffe_rng.set_random_seed(8)
     numpy.testing.assert_array_equal(mask, caffe_rng.get_rng().bernoulli(500, 0.5))
     assert threshold == 0 and mask.dtype == numpy.uint8
     caffe_rng.set_exact_rng(False)
-    mask, threshold = ref_neuron.dropout_mask(500, F32(0.5), like)
+    mask, threshold = caffe_rng.dropout_mask(500, F32(0.5), like)
     assert mask.dtype == numpy.uint32 and threshold == 2 ** 31
 
 

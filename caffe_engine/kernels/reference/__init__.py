@@ -133,13 +133,6 @@ class ReferenceKernels:
         transform.transform(batch, out, params, mean, scale)
 
     @staticmethod
-    def dropout_mask(count, ratio, like):
-        """A fresh Dropout mask ``(mask, threshold)`` for arrays like ``like``, kept where
-        ``mask > threshold``: the host mt19937 bernoulli (NumPy; CuPy in the exact mode) or
-        device uint32 words: see :func:`.neuron.dropout_mask`."""
-        return neuron.dropout_mask(count, ratio, like)
-
-    @staticmethod
     def dropout_forward(x, mask, threshold, scale, y):
         """``y = x * (mask > threshold) * scale``: see :func:`.neuron.dropout_forward`."""
         neuron.dropout_forward(x, mask, threshold, scale, y)

@@ -7,11 +7,10 @@ Caffe: src/caffe/layers/relu_layer.cpp. ``y = max(x, 0)`` (NaN stays NaN), leaky
 Caffe: src/caffe/layers/dropout_layer.cpp and dropout_layer.cu. Dropout keeps an element where
 its mask word is above a threshold and scales it by ``1 / (1 - ratio)``; the mask is drawn from
 the host stream (bernoulli 0/1, threshold 0) or the device stream (uint32 words, Caffe's GPU
-threshold): see :func:`dropout_mask`.
+threshold :func:`dropout_threshold`): the streams' choice, :func:`caffe_engine.rng.dropout_mask`.
 """
 import numpy
 
-from ... import rng as caffe_rng
 from ...backend import get_array_module
 
 
@@ -53,31 +52,6 @@ def dropout_threshold(ratio):
     if not 0 <= ratio < 1:
         raise ValueError(f"dropout ratio must be in [0, 1), got {ratio}")
     return int(numpy.float32(UINT_MAX) * ratio)
-
-
-def dropout_mask(count, ratio, like):
-    """A fresh dropout mask of ``count`` elements for arrays like ``like``: ``(mask, threshold)``,
-    an element being kept where ``mask > threshold``.
-
-    * Host stream (NumPy arrays always; CuPy arrays in the exact mode,
-      :func:`caffe_engine.rng.exact_rng`): Caffe's CPU rule, ``bernoulli<double>(1 - ratio)``
-      from the global mt19937 stream, one word per element in memory order
-      (src/caffe/layers/dropout_layer.cpp): uint8 0/1 of shape (count,), threshold 0; copied
-      to the device for CuPy.
-    * Device stream (CuPy arrays otherwise): Caffe's GPU rule, ``count`` uint32 words drawn on
-      the device (:func:`caffe_engine.rng.device_stream`, dropout_layer.cu's
-      ``caffe_gpu_rng_uniform``), threshold :func:`dropout_threshold` of ``ratio``.
-
-    Args:
-        count: elements (int >= 0).
-        ratio: ``dropout_ratio``, float32 in [0, 1).
-        like: an array of the module the mask is for.
-    """
-    xp = get_array_module(like)
-    if caffe_rng.host_stream_for(xp):
-        keep = caffe_rng.get_rng().bernoulli(count, 1.0 - float(numpy.float32(ratio)))
-        return xp.asarray(keep), 0
-    return caffe_rng.device_stream(xp).words(count), dropout_threshold(ratio)
 
 
 def _kept(mask, threshold):
