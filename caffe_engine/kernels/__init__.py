@@ -23,9 +23,9 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 * ``softmax_forward(x, y, scale)`` (Softmax over axis 1 of (outer, C, inner) views),
   ``softmax_loss_forward(...)`` and ``softmax_loss_backward(...)`` (SoftmaxWithLoss: its loss,
   label check and normalizer; the gradient), see :mod:`.reference.softmax`;
-* ``dropout_mask(count, ratio, like)`` -> ``(mask, threshold)`` (the host mt19937 stream for
-  NumPy arrays and in exact mode, a device stream on CuPy), ``dropout_forward(x, mask,
-  threshold, scale, y)`` and ``dropout_backward(dy, mask, threshold, scale, dx)``.
+* ``dropout_forward(x, mask, threshold, scale, y)`` and ``dropout_backward(dy, mask,
+  threshold, scale, dx)`` (the mask is the streams' choice: :func:`caffe_engine.rng.
+  dropout_mask`).
 
 The sets:
 
@@ -44,48 +44,14 @@ that set. The choice, the threads and the sets made are fields of
 :data:`caffe_engine.process.state` (``kernel_choice``, ``kernel_threads``, ``kernel_sets``).
 """
 import dataclasses
-import importlib.util
 import logging
-import sys
 
 from .. import environment
 from ..backend import get_array_module
 from ..process import state
+from .numba_import import import_numba
 
 logger = logging.getLogger("caffe_engine")
-
-#: What ``numba.np.arraymath`` imports when it is imported, to see whether a BLAS is there.
-_BLAS_PROBE = "scipy.linalg.cython_blas"
-
-
-def import_numba():
-    """``numba``, imported with ``numba.np.arraymath`` but not SciPy's linear algebra.
-
-    Numba imports ``numba.np.arraymath`` when it first compiles or loads a cached kernel, and
-    that module probes for a BLAS by importing ``scipy.linalg.cython_blas``, which imports all
-    of ``scipy.linalg``: 0.1-0.2 s of every start-up where SciPy is installed, for the BLAS
-    that no kernel of the engine uses. So arraymath is imported here with that probe failing
-    at once, and its answer is then set to what the probe would have found (SciPy importable):
-    a kernel that does use a BLAS (``np.dot`` in a user's njit code) still imports it, when it
-    is compiled (Numba's ``ensure_blas``). Numba's behaviour is unchanged; only the import is
-    deferred.
-
-    Raises:
-        ImportError: Numba cannot be imported.
-    """
-    import numba
-    if "numba.np.arraymath" in sys.modules or _BLAS_PROBE in sys.modules:
-        return numba
-    sys.modules[_BLAS_PROBE] = None        # "import scipy.linalg.cython_blas" fails at once
-    try:
-        from numba.np import arraymath
-    finally:
-        if _BLAS_PROBE in sys.modules and sys.modules[_BLAS_PROBE] is None:
-            del sys.modules[_BLAS_PROBE]
-    if isinstance(getattr(arraymath, "_HAVE_BLAS", None), bool):
-        arraymath._HAVE_BLAS = importlib.util.find_spec("scipy") is not None
-    return numba
-
 
 def _numba_available():
     try:

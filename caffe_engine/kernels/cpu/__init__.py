@@ -13,7 +13,7 @@ in parts by a :class:`.team.Team` of threads.
 """
 import numpy
 
-from .. import import_numba
+from ..numba_import import import_numba
 from ..reference import ReferenceKernels
 
 import_numba()      # before the kernels' modules import Numba: see import_numba
