@@ -374,7 +374,7 @@ def _speaks():
     joined (failures after that end the job through ``distributed.guard``), so every rank has
     the same one; P copies of it would only bury it.
     """
-    from .comm.communicator import launcher_rank_size
+    from .comm.launcher import launcher_rank_size
     return launcher_rank_size()[0] == 0
 
 

@@ -172,7 +172,7 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the rows as JSON here (rank 0)")
     parser.add_argument("--worker", action="store_true", help="(internal) run under mpiexec")
     args = parser.parse_args(argv)
-    from caffe_engine.comm.communicator import launched_under_mpi
+    from caffe_engine.comm.launcher import launched_under_mpi
     if args.worker or launched_under_mpi():
         worker(args)
         return 0

@@ -18,5 +18,6 @@ error messages.
 """
 from .buckets import GradientSync  # noqa: F401
 from .communicator import (ALGORITHMS, Communicator, Handle, LocalCommunicator,  # noqa: F401
-                           get_communicator, launched_under_mpi, launcher_rank_size)
+                           get_communicator)
+from .launcher import launched_under_mpi, launcher_rank_size  # noqa: F401
 from . import tree, ring, ps, mpi, hier, nccl  # noqa: F401,E402  (they register themselves)

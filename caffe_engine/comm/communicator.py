@@ -53,9 +53,7 @@ Errors: unknown algorithm names, buffers that are not float32 / contiguous, and 
 NCCL raise :class:`~caffe_engine.errors.CaffeError` with a one-line message.
 """
 import contextlib
-import os
 import queue
-import sys
 import threading
 import time
 
@@ -64,49 +62,16 @@ import numpy
 from .. import environment
 from ..errors import CaffeError
 from . import pinned_mirror, registry
+from .launcher import abort_world, launched_under_mpi, mpi_module
 from .registry import ALGORITHMS  # noqa: F401  (the registered names, a live view)
 from .pinned_mirror import NO_STAGE
 
 OPS = ("sum", "mean")
 DEFAULT_TIMEOUT = 50.0
 
-_LAUNCHER_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
-_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
 # --------------------------------------------------------------------------------------------
 # Environment
 # --------------------------------------------------------------------------------------------
-def _first_set(names, environ):
-    """The value of the first of ``names`` that is set (an int), or None."""
-    return next((environment.read(v, environ) for v in names
-                 if environment.raw(v, environ) is not None), None)
-
-
-def launcher_rank_size(environ=None):
-    """(rank, size) that an MPI launcher (mpiexec of MPICH / Open MPI / MVAPICH) put in the
-    environment, or (0, 1) when the process was not started by one. Does not import MPI."""
-    rank = _first_set(_LAUNCHER_RANK_VARS, environ)
-    size = _first_set(_LAUNCHER_SIZE_VARS, environ)
-    if rank is None or size is None:
-        return 0, 1
-    return rank, size
-
-
-def launched_under_mpi(environ=None):
-    """Whether an MPI launcher started this process (its environment says so)."""
-    return any(environment.raw(v, environ) is not None for v in _LAUNCHER_RANK_VARS)
-
-
-def mpi_module():
-    """``mpi4py.MPI`` (initialising MPI), or None when mpi4py is not installed."""
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return None
-    return MPI
-
-
 def default_timeout():
     """Seconds a communicator wait may take before the job is aborted (``CAFFE_COMM_TIMEOUT``)."""
     value = environment.read("CAFFE_COMM_TIMEOUT")
@@ -116,32 +81,6 @@ def default_timeout():
 # --------------------------------------------------------------------------------------------
 # Watchdog: a wait that never ends becomes MPI_Abort
 # --------------------------------------------------------------------------------------------
-#: Seconds between printing the abort message and MPI_Abort (see :func:`abort_world`).
-ABORT_GRACE_S = 0.5
-
-
-def abort_world(message, code=1):
-    """Print ``message`` on stderr (nothing when empty) and abort every rank of ``COMM_WORLD``
-    (or exit if no MPI). Rank 0's peer watch is told first, so it prints no second line."""
-    from . import peer_watch
-    peer_watch.announce_failure()
-    try:
-        if message:
-            sys.stderr.write(message.rstrip("\n") + "\n")
-            sys.stderr.flush()
-    except Exception:  # stderr closed: abort all the same
-        pass
-    MPI = mpi_module() if "mpi4py.MPI" in sys.modules else None
-    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
-        if MPI.COMM_WORLD.Get_size() > 1:
-            # The launcher forwards our stderr through a pipe; MPI_Abort tears the job down at
-            # once and can drop what is still in it (seen: the message lost under load). A
-            # moment's wait lets the line reach the user first.
-            time.sleep(ABORT_GRACE_S)
-        MPI.COMM_WORLD.Abort(code)
-    os._exit(code)
-
-
 class Watchdog:
     """Aborts the job when a registered wait outlives its deadline.
 

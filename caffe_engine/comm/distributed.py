@@ -37,8 +37,8 @@ from ..io import workers as data_workers
 from ..layers.record_dealing import deal_records  # noqa: F401  (record i to rank i mod size)
 from . import peer_watch
 from ..errors import CaffeError, one_line
-from .communicator import (abort_world, get_communicator, launched_under_mpi,  # noqa: F401
-                           launcher_rank_size, local_place)
+from .communicator import get_communicator, local_place
+from .launcher import abort_world, launched_under_mpi, launcher_rank_size  # noqa: F401
 
 
 class Context:

@@ -41,8 +41,8 @@ import numpy
 
 from .. import environment
 from ..errors import CaffeError
-from .communicator import (WATCHDOG, Communicator, Handle, _check_op, check_buffer, local_place,
-                           mpi_module)
+from .communicator import WATCHDOG, Communicator, Handle, _check_op, check_buffer, local_place
+from .launcher import mpi_module
 from .registry import register
 
 #: Environment variable naming this rank's CUDA device (overrides the local rank).

@@ -45,7 +45,7 @@ import threading
 import time
 
 from .. import environment
-from . import supervisor
+from . import launcher, supervisor
 
 #: Seconds a process waits for MPI_Abort to end it before it exits by itself.
 EXIT_GRACE_S = 5.0
@@ -149,14 +149,13 @@ class PeerWatch:
 
 def _abort(message, report):
     """Print ``message`` (when ``report``) and abort the job; exit by itself if that hangs."""
-    from .communicator import abort_world
     exit_later = threading.Timer(EXIT_GRACE_S, os._exit, args=(1,))
     exit_later.daemon = True
     exit_later.start()
     if not report:
         time.sleep(QUIET_DELAY_S)
         message = ""
-    abort_world(message)
+    launcher.abort_world(message)
 
 
 def start(comm, on_failure=None):
@@ -241,9 +240,13 @@ def _keep_launcher_notice_from_killing():
 
 
 def announce_failure():
-    """Tell rank 0 that this rank failed and prints its own line (called before aborting)."""
+    """Tell rank 0 that this rank failed and prints its own line (called before aborting:
+    :func:`.launcher.before_abort`)."""
     if _WATCH is not None:
         _WATCH.say("fail")
+
+
+launcher.before_abort(announce_failure)
 
 
 def _recv_exact(conn, n):

@@ -25,7 +25,7 @@ import signal
 import sys
 
 from .. import environment
-from .communicator import launched_under_mpi, launcher_rank_size
+from .launcher import launched_under_mpi, launcher_rank_size
 
 #: Set in the child's environment; also tells the peer watch that the parent reports signals.
 CHILD_VAR = "CAFFE_SUPERVISED"

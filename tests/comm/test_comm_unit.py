@@ -9,7 +9,8 @@ import pytest
 from caffe_engine.comm import distributed
 from caffe_engine.comm.buckets import plan_buckets
 from caffe_engine.comm.communicator import (Handle, LocalCommunicator, Watchdog, check_buffer,
-                                            get_communicator, launcher_rank_size)
+                                            get_communicator)
+from caffe_engine.comm.launcher import launcher_rank_size
 from caffe_engine.comm.ring import ring_segments
 from caffe_engine.comm.tree import (ceil_log, chunk_bounds, tree_children, tree_depth,
                                     tree_level, tree_parent)

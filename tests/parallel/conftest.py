@@ -11,7 +11,8 @@ import tempfile
 import numpy
 import pytest
 
-from caffe_engine.comm.communicator import get_communicator, mpi_module
+from caffe_engine.comm.communicator import get_communicator
+from caffe_engine.comm.launcher import mpi_module
 
 
 def _world():

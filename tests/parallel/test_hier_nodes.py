@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from caffe_engine.comm.communicator import launched_under_mpi, mpi_module
+from caffe_engine.comm.launcher import launched_under_mpi, mpi_module
 
 ROOT = Path(__file__).resolve().parents[2]
 

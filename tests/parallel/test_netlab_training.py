@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from caffe_engine.comm.communicator import launched_under_mpi, mpi_module
+from caffe_engine.comm.launcher import launched_under_mpi, mpi_module
 from paths import ROOT, SHARED
 
 SPEC = importlib.util.spec_from_file_location("netlab", ROOT / "tools" / "netlab.py")

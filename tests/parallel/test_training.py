@@ -107,7 +107,7 @@ def test_cli_rejects_unknown_comm(capsys, spec, message):
     status = cli.main(["train", "--solver", "whatever.prototxt", "--comm", spec])
     assert status == 1
     err = capsys.readouterr().err.strip().splitlines()
-    from caffe_engine.comm.communicator import launcher_rank_size
+    from caffe_engine.comm.launcher import launcher_rank_size
     if launcher_rank_size()[0] == 0:
         assert len(err) == 1 and err[0].startswith("caffe: " + message), err
     else:  # under mpiexec only rank 0 prints a command-line error
