@@ -51,20 +51,8 @@ UPPER = ("solvers", "comm", "perf", "tools", "cli", "flags", "devices", "signal_
 #: would end it: ``(kind, members)`` -> reason; ``kind`` is "module" (dotted names; a cycle through
 #: lazy imports only: no import-time hazard) or "package" (package-graph nodes). A cycle with
 #: other members fails; an entry no longer found is reported, to be deleted.
-ALLOWED = {
-    ("module", ("caffe_engine.comm.communicator", "caffe_engine.comm.peer_watch",
-                "caffe_engine.comm.supervisor")):
-        "abort_world (communicator) tells the peer watch first and the peer watch aborts through "
-        "it, both lazily; the supervisor reads the launcher's rank from communicator. Ends when "
-        "the launcher environment and abort_world leave communicator.py for a module of their own",
-    ("module", ("caffe_engine.kernels", "caffe_engine.kernels.cpu")):
-        "kernels/cpu imports import_numba from the kernels package, whose for_array builds the "
-        "cpu set lazily. Ends when import_numba has a module of its own in kernels/",
-    ("package", ("kernels", "rng")):
-        "the kernel sets' dropout_mask draws from rng's streams (as Caffe's math_functions use "
-        "Caffe::rng_stream), and rng lazily loads its own compiled twin, kernels/cpu/rng.py, for "
-        "large draws. Ends when that twin (with import_numba) lives below kernels, beside rng",
-}
+ALLOWED = {}    # none today: the last three went with comm/launcher.py, kernels/numba_import.py
+                # and rng.dropout_mask (issue 28)
 
 
 @dataclasses.dataclass(frozen=True)
