@@ -24,11 +24,15 @@ from . import backend
 
 
 def _diff_key(array):
-    """The memory a diff array lives in (views of one buffer share it)."""
+    """Where a diff array's memory starts: its buffer and first address (the in-place and
+    Reshape views of one diff share it). The address matters once a plan has put the diffs in
+    one arena: they all have its buffer then, and a later plan must still tell them apart."""
     base = array
     while getattr(base, "base", None) is not None:
         base = base.base
-    return id(base)
+    data = array.data
+    start = data.ptr if hasattr(data, "ptr") else array.__array_interface__["data"][0]
+    return id(base), start
 
 
 def plan(net, saved=True):

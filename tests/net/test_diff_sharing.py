@@ -133,3 +133,22 @@ def test_placement_never_overlaps_items_live_together(seed):
             together = not (a["last"] < b["first"] or b["last"] < a["first"])
             if together:
                 assert oa + a["size"] <= ob or ob + b["size"] <= oa
+
+
+def test_planning_a_planned_net_again_keeps_live_gradients_apart(monkeypatch):
+    """A second plan sees every shared diff in one arena: it must still tell the blobs apart
+    (by address), or blobs live together would land on one place."""
+    grads = []
+    for share in (False, True):
+        solver = _solver(monkeypatch, share)
+        net = solver.net
+        _feed(net, 4, 0)
+        net.forward()
+        net.backward()
+        if share:
+            diff_sharing.plan(net, saved=True)     # again, over the arena of the first plan
+        net.forward()
+        net.backward()
+        grads.append([p.diff.copy() for p in net.learnable_params])
+    for a, b in zip(*grads):
+        assert a.tobytes() == b.tobytes()
