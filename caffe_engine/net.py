@@ -124,10 +124,11 @@ class Net(PycaffeNet):
         The loss is ``sum_j <top_j, diff_j>`` over the loss tops in layer order, accumulated in
         float32 from 0 (Caffe's Net::ForwardFromTo).
         """
-        if (start == 0 and self._diff_plan is not None
-                and self._diff_plan != diff_sharing.signature(self)):
-            diff_sharing.plan(self, saved=True)
-            self._diff_plan = diff_sharing.signature(self)
+        if start == 0 and self._diff_plan is not None:
+            shapes = diff_sharing.signature(self)
+            if self._diff_plan != shapes:
+                diff_sharing.plan(self, saved=True)
+                self._diff_plan = shapes
         loss = self._forward_loss_on_device(start, end)
         if not to_host:
             return loss

@@ -124,9 +124,9 @@ def panel_room(m, n, nc, parts):
     return max(1, min(own, nc))
 
 
-def scratch(m, n, kc, nc, parts):
-    """Floats of one part's scratch area of :func:`gemm` (``nc``: :func:`panel_room`)."""
-    return kc * panel_room(m, n, nc, parts) * NR + kc * MR + MR * NR
+def scratch(kc, room):
+    """Floats of one part's scratch area of :func:`gemm` (``room``: :func:`panel_room`)."""
+    return kc * room * NR + kc * MR + MR * NR
 
 
 def panels_at_once(kc, tuning):
@@ -161,7 +161,7 @@ def product(a, b, c, accumulate, tuning, workspace, team, trans_a=False, trans_b
     kc = max(1, min(tuning.gemm_kc, k))
     parts = team.threads if 2 * m * n * k >= PARALLEL_FLOPS else 1
     nc = panel_room(m, n, panels_at_once(kc, tuning), parts)
-    per_part = scratch(m, n, kc, nc, parts)
+    per_part = scratch(kc, nc)
     ws = workspace.get("gemm", parts * per_part)
     team.run(gemm, numpy.ascontiguousarray(a).reshape(-1), a_row, a_col,
              numpy.ascontiguousarray(b).reshape(-1), b_row, b_col, target.reshape(-1), n, m, n,
