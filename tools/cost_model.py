@@ -8,10 +8,20 @@ Usage::
         --fit-min-bytes 4194304                                   # LinkModel, measured/predicted
     python tools/cost_model.py --report results.json --links-model links_model.json
     python tools/cost_model.py --firecaffe                        # docs/scaling.md's table
+    python tools/cost_model.py hybrid --net ../shared/realworld/natanielruiz__net-archive/vgg_ilsvrc_16/VGG_ILSVRC_16_layers_deploy.prototxt --batch 8 \
+        --procs 2 4 8 --bandwidth 1gbit --latency 50us         # PCL-DNN's hybrid FC layers
 
 The models are caffe_engine/perf (:mod:`caffe_engine.perf.alpha_beta`,
 :mod:`caffe_engine.perf.link_model`, :mod:`caffe_engine.perf.firecaffe`); results.json is what
 tools/bench_allreduce.py writes. docs/scaling.md, "Cost model", has the tables.
+
+``hybrid`` (:mod:`caffe_engine.perf.hybrid`, the balance equations of
+:mod:`caffe_engine.comm.hybrid_cost`): per InnerProduct layer of ``--net`` (a prototxt, built at
+batch 1, or a BVLC shape report ``.json``) and per group size G dividing each P, one rank's
+bytes sent per iteration, the layer's predicted time and share of the iteration at
+``--fc_parallel G``, and the best G; then per P the predicted iteration and speedup for every
+G and ``auto``. The link: ``--bandwidth`` (payload rate) and ``--latency`` plus ``--overhead``
+per message, or ``--links-model`` (a saved LinkModel: its alpha and beta) plus ``--latency``.
 """
 import argparse
 import json
@@ -20,11 +30,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from caffe_engine.comm.hybrid_cost import Link  # noqa: E402
 from caffe_engine.errors import CaffeError  # noqa: E402
 from caffe_engine.perf.alpha_beta import fit_alpha_beta  # noqa: E402
 from caffe_engine.perf.firecaffe import formula_table  # noqa: E402
 from caffe_engine.perf.link_model import LinkModel  # noqa: E402
 from caffe_engine.perf.link_report import link_report, loopback_rate  # noqa: E402
+from caffe_engine.perf import hybrid  # noqa: E402
 
 
 def parser():
@@ -86,8 +98,71 @@ def print_links(args):
     print(link_report(model, rows, stat=args.stat))
 
 
+def hybrid_parser():
+    """The ``hybrid`` subcommand's command line."""
+    ap = argparse.ArgumentParser(prog="cost_model.py hybrid",
+                                 description="PCL-DNN's balance equations per InnerProduct layer")
+    ap.add_argument("--net", required=True, help="net prototxt, or a BVLC shape report (.json)")
+    ap.add_argument("--classes", type=int, nargs=2, metavar=("OLD", "NEW"),
+                    help="resize InnerProduct layers of OLD outputs to NEW (shape reports)")
+    ap.add_argument("--batch", type=int, default=8, help="images per rank (M)")
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--comm", default="ring", help="the allreduce algorithm (--comm)")
+    ap.add_argument("--bandwidth", default="1gbit", help="link payload rate (tc words or bits/s)")
+    ap.add_argument("--latency", default="0", help="one-way delay per message (50us, 2ms)")
+    ap.add_argument("--overhead", default="0", help="software cost per message (e.g. 20us)")
+    ap.add_argument("--links-model", metavar="JSON",
+                    help="a saved LinkModel: its alpha and beta (--latency is added)")
+    ap.add_argument("--gflops", type=float, help="GEMM GFLOP/s of one rank (default: measured)")
+    ap.add_argument("--cores", type=int,
+                    help="cores the P ranks share (compute scaled by P / cores); default: one "
+                         "each")
+    return ap
+
+
+def hybrid_link(args):
+    """The :class:`~caffe_engine.comm.hybrid_cost.Link` of ``hybrid``'s flags."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _launch
+    netlab = _launch.load_tool("netlab")
+    latency = netlab.parse_time(args.latency) or 0.0
+    if args.links_model:
+        model = LinkModel.load(args.links_model)
+        return Link(model.alpha + latency, model.beta)
+    rate = netlab.parse_rate(args.bandwidth) or float("inf")
+    return Link.from_rate(rate, latency, netlab.parse_time(args.overhead) or 0.0)
+
+
+def print_hybrid(argv):
+    """``hybrid``: the tables of :mod:`caffe_engine.perf.hybrid` (module docstring)."""
+    args = hybrid_parser().parse_args(argv)
+    if args.batch < 1 or min(args.procs) < 1:
+        raise CaffeError("hybrid: --batch and --procs must be positive")
+    layers = hybrid.load_layers(args.net, args.classes)
+    if not any(s.type == "InnerProduct" for s in layers):
+        raise CaffeError(f"hybrid: '{args.net}' has no InnerProduct layer")
+    link = hybrid_link(args)
+    flops = args.gflops * 1e9 if args.gflops else hybrid.measure_flops()
+    rows = hybrid.hybrid_rows(layers, args.batch, args.procs, link, args.comm, flops, args.cores)
+    print(f"{args.net}: batch {args.batch} per rank, --comm {args.comm}, link alpha "
+          f"{link.alpha * 1e6:.1f} us, beta {link.beta * 1e9:.3f} ns/byte, "
+          f"{flops / 1e9:.1f} GFLOP/s per rank"
+          + (f", {args.cores} cores shared" if args.cores else ""))
+    print()
+    print(hybrid.layer_table(rows, layers))
+    print()
+    print(hybrid.iteration_table(rows, args.batch))
+    return 0
+
+
 def main(argv=None):
     """Run the command line; returns the exit status (0)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["hybrid"]:
+        try:
+            return print_hybrid(argv[1:])
+        except CaffeError as exc:
+            sys.exit(f"cost_model.py hybrid: {exc}")
     args = parser().parse_args(argv)
     if args.fit:
         print_fit(args)

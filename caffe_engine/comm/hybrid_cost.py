@@ -86,7 +86,7 @@ class Link(namedtuple("Link", "alpha beta")):
         """The link behind one measured allreduce ``alpha_eff + beta_eff * b`` of ``algorithm``
         on ``procs`` ranks (what :func:`.bucket_plan.measure_alpha_beta` returns): divided by
         A(P) and B(P). One rank: a free link."""
-        a, b = _terms(algorithm, procs, branching)
+        a, b = allreduce_terms(algorithm, procs, branching)
         return cls(alpha_eff / a if a else 0.0, beta_eff / b if b else 0.0)
 
     @classmethod
@@ -105,8 +105,9 @@ class Link(namedtuple("Link", "alpha beta")):
         return cls(float(p["alpha"]), float(p["beta"]))
 
 
-def _terms(algorithm, procs, branching=2):
-    """(A(p), B(p)) of ``algorithm``; hier, nccl and unknown names as the ring."""
+def allreduce_terms(algorithm, procs, branching=2):
+    """(A(p), B(p)) of ``algorithm`` (:func:`.allreduce_cost.shape_terms`); hier, nccl and
+    names without a formula as the ring; an option after a colon is ignored."""
     name = algorithm.split(":")[0] if algorithm else "ring"
     return shape_terms(name if name in ALGORITHMS else "ring", procs, branching)
 
@@ -114,7 +115,7 @@ def _terms(algorithm, procs, branching=2):
 def allreduce_seconds(nbytes, procs, link, algorithm="ring", branching=2):
     """``alpha A(p) + beta nbytes B(p)``: one allreduce on ``procs`` ranks (0 for one)."""
     alpha, beta = link
-    a, b = _terms(algorithm, procs, branching)
+    a, b = allreduce_terms(algorithm, procs, branching)
     return alpha * a + beta * float(nbytes) * b
 
 
@@ -177,7 +178,7 @@ def layer_time(k, n, m, world_size, group, link, algorithm, flops, overlap_s=0.0
     allreduce = allreduce_seconds(wbytes, replicas, link, algorithm, branching)
     exposed = max(0.0, allreduce - float(overlap_s))
     sent = (2.0 * (g - 1) * FLOAT_BYTES * m * (k + slice_width(n, g))
-            + wbytes * _terms(algorithm, replicas, branching)[1])
+            + wbytes * allreduce_terms(algorithm, replicas, branching)[1])
     return {"group": g, "compute": compute, "exchange": exchange, "allreduce": allreduce,
             "exposed": exposed, "total": compute + exchange + exposed, "sent_bytes": sent}
 
