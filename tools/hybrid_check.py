@@ -34,10 +34,17 @@ Outputs under ``--out`` (default docs/bench/netlab/hybrid): results.json (every 
 after each: a rerun skips the runs already there, so an interrupted grid resumes), table.md,
 plot.png (iteration time per setting; allreduce time per latency), allreduce/<rate>_<latency>/.
 
-    python tools/hybrid_check.py --quick                     # 2 runs, a few minutes: the plumbing
-    python tools/hybrid_check.py                             # the full grid (see docs/scaling.md)
-    python tools/hybrid_check.py --nets caffenet --procs 1 8 --bandwidth 1gbit --latency none
+    python tools/hybrid_check.py --quick                     # 3 runs, a minute: the plumbing
+    python tools/hybrid_check.py                             # 1 Gbit/s x 0, 50, 500 us (1 h)
+    python tools/hybrid_check.py --nets caffenet --bandwidth 100mbit --latency none    # 30 min
+    python tools/hybrid_check.py --nets vgg16 --procs 1 2 --bandwidth 100mbit --latency none
+    python tools/hybrid_check.py --nets caffenet --procs 8 --fc auto    # what auto picks
+    python tools/hybrid_check.py --allreduce --no-train --latency none 50us 500us
     python tools/hybrid_check.py --replot                    # tables and plot from results.json
+
+Invocations with the same ``--out`` add to one results.json (a run's key is net, P, setting,
+rate and latency), so the grid is the union of such commands; docs/scaling.md lists the ones
+behind its tables and their durations.
 
 Needs root (netlab) and the ``mpich`` wheel's mpiexec. Run from anywhere; paths are the repo's.
 """
@@ -567,13 +574,13 @@ def parse_args(argv=None):
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--vgg-max-procs", type=int, default=4,
                     help="VGG-16 runs only up to this P (its ranks' RSS; see the docstring)")
-    ap.add_argument("--fc", nargs="+", default=["data", "groups", "auto"],
+    ap.add_argument("--fc", nargs="+", default=["data", "groups"],
                     help="settings per P: data, groups (every divisor G > 1), auto, or digits")
-    ap.add_argument("--bandwidth", nargs="+", default=["1gbit", "100mbit"])
+    ap.add_argument("--bandwidth", nargs="+", default=["1gbit"])
     ap.add_argument("--latency", nargs="+", default=["none", "50us", "500us"])
     ap.add_argument("--batch", type=int, default=4, help="images per rank")
-    ap.add_argument("--iters", type=int, default=12)
-    ap.add_argument("--skip", type=int, default=4, help="rates logged up to this are dropped")
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=3, help="rates logged up to this are dropped")
     ap.add_argument("--comm", default="ring")
     ap.add_argument("--netmod", default="ofi", choices=["ofi", "ucx", "default"])
     ap.add_argument("--cores", type=int, default=None, help="cores the ranks share (default: "

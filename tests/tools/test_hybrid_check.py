@@ -41,7 +41,8 @@ def test_train_net_from_deploy_shapes(net, shape, last):
 
 def test_grid_order_and_keys():
     args = hc.parse_args(["--nets", "caffenet", "vgg16", "--procs", "1", "2", "8",
-                          "--bandwidth", "1gbit", "--latency", "none", "50us"])
+                          "--bandwidth", "1gbit", "--latency", "none", "50us",
+                          "--fc", "data", "groups", "auto"])
     runs = hc.grid(args)
     keys = [hc.run_key(r) for r in runs]
     assert keys[0] == "caffenet|P1|data|None|None"
