@@ -128,8 +128,23 @@ BURST_S = 0.004
 MIN_BURST = 128 << 10
 #: Seconds of line rate a shaped link queues before it drops.
 QUEUE_S = 0.025
-#: netem's queue, packets.
+#: netem's queue, packets (netem only delays the loopback, where the kernel has it).
 NETEM_LIMIT = 10000
+#: The delay relay (a lab with a delay on its host links): its C source (compiled into the lab's
+#: folder with the system ``cc``), its Python fallback, and the MTU of the TUN devices it serves
+#: (no segmentation offload on a TUN: large packets keep 1 Gbit/s at ~2000 packets/s).
+RELAY_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_relay.c")
+RELAY_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_relay.py")
+RELAY_MTU = 64000
+#: Seconds the relay itself adds one way (TUN, wake-up, copies) over the veth lab at delay 0,
+#: taken off the hold so a set delay is the added delay (tools/latency_check.py measures it).
+RELAY_OVERHEAD_S = {"c": 0.0, "python": 0.0}
+#: The relay wakes this many seconds before a packet's time and spins the rest: a timer here
+#: fires 20-30 us late (median; a VM's idle vCPU).
+RELAY_WAKE_S = 40e-6
+#: The relay's SCHED_FIFO priority (0: ordinary scheduling): MPI ranks busy-poll every core, and
+#: an ordinary relay waited for one of them for up to 5 ms before releasing a packet.
+RELAY_PRIORITY = 1
 #: The MPICH environment every rank gets: TCP only, no shared memory between hosts.
 MPI_TCP_ENV = {"UCX_TLS": "tcp", "FI_PROVIDER": "tcp"}
 NODE_VAR = "CAFFE_NODE"
@@ -303,8 +318,9 @@ def default_mpiexec():
     return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
 
 
-def _shape(netns, dev, rate, delay):
-    """Egress of ``dev`` in ``netns``: tbf at ``rate`` bits/s, under netem ``delay`` seconds."""
+def _shape(netns, dev, rate, delay=None):
+    """Egress of ``dev`` in ``netns``: tbf at ``rate`` bits/s, under netem ``delay`` seconds
+    (only the loopback's delay in the nodes topology uses netem; host links use the relay)."""
     tc = ["tc", "-n", netns, "qdisc", "add", "dev", dev]
     parent = ["root"]
     if delay:
@@ -312,8 +328,9 @@ def _shape(netns, dev, rate, delay):
                           "limit", str(NETEM_LIMIT)], check=False)
         if done.returncode != 0:
             if "unknown" in done.stderr.lower():
-                raise NetlabError("a delay needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM),"
-                                  " which this kernel lacks; drop --latency/--inter-latency")
+                raise NetlabError("a delay on the intra-node link (loopback) needs the kernel's"
+                                  " netem qdisc (CONFIG_NET_SCH_NETEM), which this kernel lacks;"
+                                  " drop --latency there (--inter-latency works without it)")
             raise NetlabError(f"netem on {dev} failed: {done.stderr.strip()}")
         parent = ["parent", "1:1", "handle", "10:"]
     if rate:
@@ -336,13 +353,20 @@ class Lab:
         latency: one-way delay in seconds (or ``"50us"``) added on the same links. None: none.
         inter_bandwidth, inter_latency: the host links' rate and delay in the nodes topology.
         mpiexec (str): MPICH hydra's ``mpiexec``; default :func:`default_mpiexec`.
+        relay (str): the delay relay's program where the host links have a delay: ``"c"``
+            (tools/netlab_relay.c, compiled with ``cc`` into the lab's folder), ``"python"``
+            (tools/netlab_relay.py) or ``"auto"`` (C where ``cc`` exists).
+        relay_overhead (float): seconds the relay adds one way by itself, taken off its hold;
+            default :data:`RELAY_OVERHEAD_S` (measured here by tools/latency_check.py).
 
     Made on ``with`` (or :meth:`start`), deleted on exit (or :meth:`close`). Raises
-    NetlabError when it cannot be made (not root, no netem for a delay), ValueError for bad values.
+    NetlabError when it cannot be made (not root; a loopback delay without netem),
+    ValueError for bad values.
     """
 
     def __init__(self, hosts, ranks_per_host=1, bandwidth="default", latency=None,
-                 inter_bandwidth=None, inter_latency=None, mpiexec=None):
+                 inter_bandwidth=None, inter_latency=None, mpiexec=None, relay="auto",
+                 relay_overhead=None):
         if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"hosts must be an integer in 1..{MAX_HOSTS}, not {hosts!r}")
         if not isinstance(ranks_per_host, int) or ranks_per_host < 1:
@@ -357,6 +381,13 @@ class Lab:
         self.inter_bandwidth = parse_rate(inter_bandwidth)
         self.inter_latency = parse_time(inter_latency)
         self.mpiexec_path = mpiexec
+        if relay not in ("auto", "c", "python"):
+            raise ValueError(f"relay must be 'auto', 'c' or 'python', not {relay!r}")
+        self.relay = relay
+        self.relay_overhead = relay_overhead
+        #: The relay's process (a lab with a delay on its host links), and its exit report.
+        self.relay_process = None
+        self.relay_report = ""
         self.hosts = []
         self.switch = None
         self._namespaces = []
@@ -407,28 +438,106 @@ class Lab:
     def _make(self, base):
         self.switch = f"{base}-sw"
         self._add_netns(self.switch)
+        self._dir = tempfile.mkdtemp(prefix=f"netlab{os.getpid()}-")
+        self.hosts = [Host(f"h{i}", f"{SUBNET}.{i + 2}", f"{base}-h{i}")
+                      for i in range(self.n_hosts)]
+        self._by_name = {host.name: host for host in self.hosts}
+        for host in self.hosts:
+            self._add_netns(host.netns)
+        if self.link_latency:
+            self._make_relayed()
+        else:
+            self._make_bridged()
+        if self.nodes:
+            for host in self.hosts:
+                _shape(host.netns, "lo", self.bandwidth, self.latency)
+        self._launcher = self._write_launcher()
+
+    @property
+    def link_rate(self):
+        """Bits/s of each host's link to the switch (None: unshaped)."""
+        return self.inter_bandwidth if self.nodes else self.bandwidth
+
+    @property
+    def link_latency(self):
+        """One-way delay (seconds) of the host links: made by the relay (None: veth+bridge)."""
+        return self.inter_latency if self.nodes else self.latency
+
+    def _make_bridged(self):
+        """No delay: each host's eth0 is a veth into the switch's bridge br0, tbf on both ends."""
         ip_sw = ["ip", "-n", self.switch]
         _run(ip_sw + ["link", "add", "br0", "type", "bridge"])
         _run(ip_sw + ["addr", "add", f"{SWITCH_ADDRESS}/24", "dev", "br0"])
         _run(ip_sw + ["link", "set", "br0", "up"])
-        link_rate = self.inter_bandwidth if self.nodes else self.bandwidth
-        link_delay = self.inter_latency if self.nodes else self.latency
-        for i in range(self.n_hosts):
-            host = Host(f"h{i}", f"{SUBNET}.{i + 2}", f"{base}-h{i}")
-            self._add_netns(host.netns)
+        for host in self.hosts:
             _run(ip_sw + ["link", "add", host.name, "type", "veth", "peer", "name", "eth0",
                           "netns", host.netns])
             _run(ip_sw + ["link", "set", host.name, "master", "br0", "up"])
             _run(["ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0"])
             _run(["ip", "-n", host.netns, "link", "set", "eth0", "up"])
-            _shape(host.netns, "eth0", link_rate, link_delay)
-            _shape(self.switch, host.name, link_rate, None)
-            if self.nodes:
-                _shape(host.netns, "lo", self.bandwidth, self.latency)
-            self.hosts.append(host)
-            self._by_name[host.name] = host
-        self._dir = tempfile.mkdtemp(prefix=f"netlab{os.getpid()}-")
-        self._launcher = self._write_launcher()
+            _shape(host.netns, "eth0", self.link_rate)
+            _shape(self.switch, host.name, self.link_rate)
+
+    def _make_relayed(self):
+        """A delay: each host's eth0 (and the switch's br0) is a TUN device of the relay, which
+        forwards by destination after the delay, at each port's rate; tbf on each host's eth0."""
+        self._start_relay()
+        for netns, dev, address in ([(self.switch, "br0", SWITCH_ADDRESS)]
+                                    + [(h.netns, "eth0", h.address) for h in self.hosts]):
+            _run(["ip", "-n", netns, "link", "set", dev, "mtu", str(RELAY_MTU), "up"])
+            _run(["ip", "-n", netns, "addr", "add", f"{address}/24", "dev", dev])
+        for host in self.hosts:
+            _shape(host.netns, "eth0", self.link_rate)
+
+    def _relay_argv(self):
+        """The relay's program: ``(argv, "c" or "python")``, compiling the C one if asked."""
+        kind = self.relay
+        if kind == "auto":
+            kind = "c" if shutil.which("cc") else "python"
+        if kind == "python":
+            return [sys.executable, RELAY_PY], kind
+        if not shutil.which("cc"):
+            raise NetlabError("relay='c' needs a C compiler (`cc` on PATH); use relay='python'")
+        program = os.path.join(self._dir, "netlab_relay")
+        _run(["cc", "-O2", "-o", program, RELAY_C])
+        return [program], kind
+
+    def _start_relay(self):
+        """Start the relay in the switch's namespace; it makes the TUN devices, then says
+        ``ready``. Its hold is the delay less its own measured cost."""
+        program, kind = self._relay_argv()
+        overhead = RELAY_OVERHEAD_S[kind] if self.relay_overhead is None else self.relay_overhead
+        hold = max(self.link_latency - overhead, 0.0)
+        rate = self.link_rate or 0
+        burst = max(int(rate / 8 * BURST_S), MIN_BURST)
+        ports = [f"/run/netns/{self.switch},br0,1,0"] + [
+            f"/run/netns/{h.netns},eth0,{h.address.rsplit('.', 1)[1]},{rate:.0f}"
+            for h in self.hosts]
+        argv = (["ip", "netns", "exec", self.switch] + program
+                + [f"{hold * 1e9:.0f}", str(burst), f"{QUEUE_S * 1e9:.0f}",
+                   f"{RELAY_WAKE_S * 1e9:.0f}", str(RELAY_PRIORITY)] + ports)
+        self._relay_log = os.path.join(self._dir, "relay.log")
+        with open(self._relay_log, "w") as log:
+            self.relay_process = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE, stderr=log)
+        if self.relay_process.stdout.readline().strip() != b"ready":
+            self._stop_relay()
+            raise NetlabError(f"the delay relay did not start: {self.relay_report or '?'}")
+
+    def _stop_relay(self):
+        """Close the relay's stdin (it exits and reports its counters), kill it if it lingers."""
+        proc, self.relay_process = self.relay_process, None
+        if proc is None:
+            return
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        with open(self._relay_log) as log:
+            self.relay_report = " / ".join(line.strip() for line in log if line.strip())
 
     def close(self):
         """Kill what runs in the lab and delete its namespaces (idempotent)."""
@@ -436,6 +545,7 @@ class Lab:
         blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
         old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
+            self._stop_relay()
             _delete_namespaces(self._namespaces)
             self._namespaces = []
             if self._dir:

@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""Calibrate netlab's link delay (the relay): MPI ping-pong at set delays, rates under delay.
+
+Needs root (tools/netlab.py makes the labs), mpi4py and MPICH's mpiexec. Usage::
+
+    python tools/latency_check.py --calibrate --out docs/bench/netlab/latency
+    python tools/latency_check.py --aggregate --hosts 2 4 8 --out docs/bench/netlab/latency
+    python tools/latency_check.py --calibrate --delays 0 50us --reps 100     # quicker
+
+``--calibrate``: an MPI ping-pong (mpi4py ``Send``/``Recv``, one rank on each of two emulated
+hosts, 8 B and 64 KiB, ``--reps`` round trips after 20 warm-up ones, median) on 1 Gbit/s links
+at each set one-way delay; delay 0 is the plain lab (veth pairs into a bridge), every other delay
+goes through netlab's relay (tools/netlab_relay.c). Measured one-way delay = (RTT_d - RTT_0) / 2.
+The relay's own cost is the same ping-pong through the relay with its hold at 0 (``relay 0``
+row): (RTT_relay0 - RTT_0) / 2, what netlab takes off the hold (``RELAY_OVERHEAD_S``). Then the
+rate under delay: one TCP stream (``Lab.throughput``) and MPI large messages (16 x 4 MiB one way)
+at 1 Gbit/s and 100 Mbit/s with 0 and 500 us.
+
+``--aggregate``: every host sends one TCP stream to the next (h0 -> h1 -> ... -> h0), all at
+once, for ``--seconds``; the sum of their rates, for the plain lab, the C relay and the Python
+relay. Writes ``calibration.json`` / ``aggregate.json`` under ``--out`` and prints markdown.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netlab  # noqa: E402  (tools/netlab.py, beside this script)
+
+PINGPONG = r"""
+import json, statistics, sys
+import numpy
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+peer = 1 - world.rank
+sizes, reps, stream = [int(s) for s in sys.argv[1].split(",")], int(sys.argv[2]), int(sys.argv[3])
+result = {}
+for size in sizes:
+    buf = numpy.zeros(max(size, 1), numpy.uint8)
+    times = []
+    for i in range(reps + 20):
+        t = MPI.Wtime()
+        if world.rank == 0:
+            world.Send(buf[:size], peer); world.Recv(buf[:size], peer)
+        else:
+            world.Recv(buf[:size], peer); world.Send(buf[:size], peer)
+        times.append(MPI.Wtime() - t)
+    result[str(size)] = statistics.median(times[20:])
+if stream:
+    big, ack = numpy.zeros(4 << 20, numpy.uint8), numpy.zeros(1, numpy.uint8)
+    for k in (2, stream):                                      # warm-up, then the timed run
+        world.Barrier()
+        t = MPI.Wtime()
+        for _ in range(k):
+            world.Send(big, peer) if world.rank == 0 else world.Recv(big, peer)
+        world.Send(ack, peer) if world.rank == 1 else world.Recv(ack, peer)
+        elapsed = MPI.Wtime() - t
+    result["stream_bits_per_s"] = stream * big.nbytes * 8 / elapsed
+if world.rank == 0:
+    print(json.dumps(result), flush=True)
+"""
+
+
+def pingpong(lab, sizes=(8, 65536), reps=300, stream=0, timeout=300):
+    """Median round trip (seconds) per message size between h0 and h1 of ``lab`` (two hosts,
+    one rank each), and with ``stream`` > 0 the bits/s of ``stream`` 4 MiB messages one way."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(PINGPONG)
+    try:
+        done = lab.mpiexec([sys.executable, f.name, ",".join(map(str, sizes)), str(reps),
+                            str(stream)], timeout=timeout, capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if done.returncode != 0:
+        raise RuntimeError(f"ping-pong failed ({done.returncode}): {done.stderr[-1500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def calibrate(delays, reps, rate=None, relay="auto"):
+    """Rows of the ping-pong at each set delay (seconds; 0 = the plain lab), plus the relay
+    with no hold (``"relay 0"``). Each row: set, RTTs per size, one-way delay measured."""
+    rows, base = [], None
+    for label, delay, overhead in ([("relay 0", 1e-9, 1.0)]
+                                   + [(netlab.format_time(d or None), d, None) for d in delays]):
+        with netlab.Lab(hosts=2, bandwidth=rate, latency=delay or None, relay=relay,
+                        relay_overhead=overhead) as lab:
+            rtt = pingpong(lab, reps=reps)
+        if delay == 0:
+            base = rtt
+        rows.append({"set": label, "set_s": delay if overhead is None else 0.0, "rtt_s": rtt})
+    for row in rows:
+        row["one_way_s"] = {size: (t - base[size]) / 2 for size, t in row["rtt_s"].items()}
+    return rows
+
+
+def rates_under_delay(relay="auto"):
+    """One TCP stream and MPI 4 MiB messages at 1 Gbit/s and 100 Mbit/s, 0 and 500 us."""
+    rows = []
+    for rate in ("1gbit", "100mbit"):
+        for delay in (None, 500e-6):
+            with netlab.Lab(hosts=2, bandwidth=rate, latency=delay, relay=relay) as lab:
+                tcp = [lab.throughput("h0", "h1", seconds=1.5) for _ in range(3)]
+                mpi = pingpong(lab, sizes=(8,), reps=10, stream=16 if rate == "1gbit" else 3)
+            rows.append({"rate": rate, "set": netlab.format_time(delay), "set_s": delay or 0.0,
+                         "tcp_bits_per_s": statistics.median(tcp),
+                         "mpi_bits_per_s": mpi["stream_bits_per_s"]})
+    return rows
+
+
+def aggregate(lab, seconds=2.0):
+    """Bits/s summed over one TCP stream per host, h<i> -> h<i+1 mod N>, all at once."""
+    n = len(lab.hosts)
+    receivers = [lab.popen_in(h, [sys.executable, "-c", netlab._RECEIVER, h.address],
+                              stdout=subprocess.PIPE, text=True) for h in lab.hosts]
+    ports = [r.stdout.readline().strip() for r in receivers]
+    nbytes = int((lab.link_rate or 4e9) / 8 * seconds)
+    senders = [lab.popen_in(lab.hosts[i], [sys.executable, "-c", netlab._SENDER,
+                                           lab.hosts[(i + 1) % n].address,
+                                           ports[(i + 1) % n], str(nbytes)])
+               for i in range(n)]
+    t0 = time.perf_counter()
+    for s in senders:
+        s.wait(timeout=120)
+    wall = time.perf_counter() - t0
+    got = [r.communicate(timeout=60)[0].split() for r in receivers]
+    return {"sum_bits_per_s": sum(int(b) * 8 / float(t) for b, t in got),
+            "per_host_bits_per_s": [int(b) * 8 / float(t) for b, t in got],
+            "wall_bits_per_s": n * nbytes * 8 / wall}
+
+
+def aggregate_rows(hosts, rate, delay, seconds):
+    """:func:`aggregate` at each host count for the plain lab and both relays."""
+    rows = []
+    for n in hosts:
+        for mech, kw in (("veth+bridge", dict(latency=None)),
+                         ("relay c", dict(latency=delay, relay="c")),
+                         ("relay python", dict(latency=delay, relay="python"))):
+            cpu0 = os.times()
+            with netlab.Lab(hosts=n, bandwidth=rate, **kw) as lab:
+                row = aggregate(lab, seconds)
+                relay_cpu = _relay_cpu(lab)
+            row.update(hosts=n, mechanism=mech, rate=rate, set=netlab.format_time(kw["latency"]),
+                       relay_cpu_s=relay_cpu, load=os.getloadavg()[0],
+                       children_cpu_s=os.times().children_system - cpu0.children_system)
+            rows.append(row)
+            print(f"{n} hosts, {mech}: {row['sum_bits_per_s'] / 1e9:.2f} Gbit/s", flush=True)
+    return rows
+
+
+def _relay_cpu(lab):
+    """CPU seconds (user + system) the lab's relay has used so far, or None."""
+    proc = lab.relay_process
+    if proc is None:
+        return None
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def calibration_table(rows):
+    """Markdown: set delay, RTT and measured one-way delay per message size."""
+    sizes = list(rows[0]["rtt_s"])
+    head = "| set one-way | " + " | ".join(
+        f"RTT {_size(s)} | one-way {_size(s)} (err)" for s in sizes) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(sizes))]
+    for row in rows:
+        cells = [row["set"]]
+        for s in sizes:
+            one_way, want = row["one_way_s"][s], row["set_s"]
+            err = f" ({(one_way - want) / want:+.0%})" if want else ""
+            cells += [f"{row['rtt_s'][s] * 1e6:.0f} us", f"{one_way * 1e6:.1f} us{err}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def rates_table(rows):
+    """Markdown: TCP and MPI rates at each link rate and delay."""
+    lines = ["| link | set one-way | one TCP stream | MPI 4 MiB messages |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rate']} | {r['set']} | {r['tcp_bits_per_s'] / 1e6:.0f} Mbit/s"
+                     f" | {r['mpi_bits_per_s'] / 1e6:.0f} Mbit/s |")
+    return "\n".join(lines)
+
+
+def aggregate_table(rows):
+    """Markdown: hosts, mechanism, summed rate, relay CPU."""
+    lines = ["| hosts | mechanism | sum of streams | per host (min-max) | relay CPU |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        per = r["per_host_bits_per_s"]
+        cpu = "" if r["relay_cpu_s"] is None else f"{r['relay_cpu_s']:.2f} s"
+        lines.append(f"| {r['hosts']} | {r['mechanism']} | {r['sum_bits_per_s'] / 1e9:.2f} Gbit/s"
+                     f" | {min(per) / 1e6:.0f}-{max(per) / 1e6:.0f} Mbit/s | {cpu} |")
+    return "\n".join(lines)
+
+
+def _size(nbytes):
+    nbytes = int(nbytes)
+    return f"{nbytes >> 10} KiB" if nbytes >= 1024 else f"{nbytes} B"
+
+
+def _write(out, name, payload):
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(payload, f, indent=1)
+            f.write("\n")
+
+
+def main(argv=None):
+    """The command line; returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--calibrate", action="store_true", help="ping-pong table and rates")
+    p.add_argument("--aggregate", action="store_true", help="all hosts sending at once")
+    p.add_argument("--delays", nargs="+", default=["0", "50us", "200us", "500us", "2ms"])
+    p.add_argument("--reps", type=int, default=300, help="ping-pong round trips per size")
+    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--bandwidth", default="1gbit", help="the links' rate (aggregate)")
+    p.add_argument("--calibrate-bandwidth", default="none",
+                   help="the links' rate for the ping-pong (default unshaped: the delay alone)")
+    p.add_argument("--seconds", type=float, default=2.0, help="aggregate: seconds of data")
+    p.add_argument("--no-rates", action="store_true", help="calibrate: the ping-pong only")
+    p.add_argument("--relay", default="auto", choices=("auto", "c", "python"))
+    p.add_argument("--out", default=None, help="folder for the json files")
+    args = p.parse_args(argv)
+    ok, why = netlab.available()
+    if not ok:
+        print(f"latency_check: {why}", file=sys.stderr)
+        return 1
+    meta = {"command": " ".join(["python", "tools/latency_check.py"] + sys.argv[1:]),
+            "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if args.calibrate:
+        delays = [netlab.parse_time(d) or 0.0 for d in args.delays]
+        rows = calibrate(delays, args.reps, args.calibrate_bandwidth, relay=args.relay)
+        print(calibration_table(rows), flush=True)
+        rates = [] if args.no_rates else rates_under_delay(args.relay)
+        print(rates_table(rates), flush=True)
+        _write(args.out, "calibration.json", dict(meta, pingpong=rows, rates=rates))
+    if args.aggregate:
+        rows = aggregate_rows(args.hosts, args.bandwidth, 50e-6, args.seconds)
+        print(aggregate_table(rows), flush=True)
+        _write(args.out, "aggregate.json", dict(meta, rows=rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
