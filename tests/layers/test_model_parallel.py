@@ -3,33 +3,18 @@ plain layer's bits), and G = 2..4 ranks emulated by threads over an in-process g
 compared with one plain layer on the concatenated batch (the MPI version of the last is
 tests/parallel/test_hybrid_inner_product.py).
 
-Tolerance for G > 1: the slice GEMMs and the group sum reorder float32 additions:
-rtol 1e-5 with atol 1e-5 (values of order 1, K <= 24).
+Tolerance for G > 1: see tests/hybrid_ip.py (rtol 1e-5, atol 1e-5).
 """
 import threading
 
 import numpy
 import pytest
-from google.protobuf import text_format
 
 from caffe_engine import kernels
-from caffe_engine.blob import Blob
 from caffe_engine.errors import CaffeError
-from caffe_engine.layers.base import create_layer
 from caffe_engine.layers.model_parallel import (GroupCollectives, LocalGroup, gather_param,
                                                 slice_bounds, slice_param)
-from caffe_engine.proto import caffe_pb2
-from gradient_check import put
-
-RTOL, ATOL = 1e-5, 1e-5
-
-CASES = {   # inner_product_param, one rank's bottom shape
-    "uneven": ("num_output: 5", (3, 2, 2)),
-    "even": ("num_output: 12", (4, 3)),
-    "transpose": ("num_output: 6 transpose: true", (2, 5)),
-    "axis2_no_bias": ("num_output: 7 axis: 2 bias_term: false", (2, 3, 4)),
-    "transpose_axis2_uneven": ("num_output: 9 axis: 2 transpose: true", (2, 2, 3, 2)),
-}
+from hybrid_ip import ATOL, CASES, RTOL, assert_rows, make_ip, rank_data, reference, run_layer
 
 
 # -- slice_bounds / slice_param / gather_param -------------------------------------------------
@@ -145,50 +130,6 @@ def run_ranks(size, fn):
 
 
 # -- the layer ---------------------------------------------------------------------------------
-def make_ip(ip, bottom_shape, seed=0):
-    """A set-up InnerProduct layer with random params, its bottom and top blobs."""
-    lp = text_format.Parse(f'name: "ip" type: "InnerProduct" bottom: "x" top: "y" '
-                           f'inner_product_param {{ {ip} }}', caffe_pb2.LayerParameter())
-    layer = create_layer(lp, caffe_pb2.TRAIN)
-    bottom, top = Blob(bottom_shape), Blob()
-    layer.setup([bottom], [top])
-    r = numpy.random.RandomState(seed)
-    for blob in layer.blobs:
-        put(blob.data, r.standard_normal(blob.shape))
-    return layer, bottom, top
-
-
-def rank_data(shape, top_shape, rank):
-    r = numpy.random.RandomState(100 + rank)
-    return (r.standard_normal(shape).astype(numpy.float32),
-            r.standard_normal(top_shape).astype(numpy.float32))
-
-
-def run_layer(layer, bottom, top, x, dy, propagate_down=True):
-    """forward, then backward with top diff ``dy``; returns (top, bottom diff)."""
-    put(bottom.data, x)
-    put(bottom.diff, 7.0)
-    layer.reshape([bottom], [top])
-    layer.forward([bottom], [top])
-    y = top.data.copy()
-    put(top.diff, dy)
-    layer.backward([top], [propagate_down], [bottom])
-    return y, bottom.diff.copy()
-
-
-def reference(ip, shape, size, propagate_down=True, lr=(True, True)):
-    """One plain layer on the concatenation of ``size`` ranks' batches."""
-    layer, _, top = make_ip(ip, shape)
-    top_shape = top.shape
-    xs, dys = zip(*(rank_data(shape, top_shape, r) for r in range(size)))
-    big = (size * shape[0],) + tuple(shape[1:])
-    layer, bottom, top = make_ip(ip, big)
-    layer.param_propagate_down = list(lr[:len(layer.blobs)])
-    y, dx = run_layer(layer, bottom, top, numpy.concatenate(xs), numpy.concatenate(dys),
-                      propagate_down)
-    return y, dx, [b.diff.copy() for b in layer.blobs], top_shape
-
-
 @pytest.fixture
 def reference_kernels():
     """The threads share one kernel set: the stateless reference set."""
@@ -218,8 +159,8 @@ def test_threaded_group_equals_one_layer_on_the_whole_batch(case, size, referenc
     m = shape[0]
     for r, (y, dx, diffs, params, layer) in enumerate(results):
         assert y.shape == top_shape
-        numpy.testing.assert_allclose(y, want_y[r * m:(r + 1) * m], rtol=RTOL, atol=ATOL)
-        numpy.testing.assert_allclose(dx, want_dx[r * m:(r + 1) * m], rtol=RTOL, atol=ATOL)
+        assert_rows(y, want_y, r, m)
+        assert_rows(dx, want_dx, r, m)
         for got, want in zip(diffs, want_diffs):
             numpy.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
         for got, blob in zip(params, full.blobs):
@@ -234,8 +175,8 @@ def test_threaded_group_skips_what_is_not_asked(propagate_down, lr, reference_ke
     want_y, want_dx, want_diffs, _ = reference(ip, shape, 3, propagate_down, lr)
     for r, (y, dx, diffs, _, _) in enumerate(run_ranks(3, hybrid_rank(ip, shape,
                                                                       propagate_down, lr))):
-        numpy.testing.assert_allclose(y, want_y[r * 3:(r + 1) * 3], rtol=RTOL, atol=ATOL)
-        numpy.testing.assert_allclose(dx, want_dx[r * 3:(r + 1) * 3], rtol=RTOL, atol=ATOL)
+        assert_rows(y, want_y, r, 3)
+        assert_rows(dx, want_dx, r, 3)
         assert propagate_down or (dx == 7.0).all()
         for got, want, need in zip(diffs, want_diffs, lr):
             numpy.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
