@@ -19,8 +19,10 @@ gradient allreduce (tree, ring, ps, mpi, hier, nccl; default tree), ``--bucket_m
 bucket size (default 25) and ``--debug_sync`` checks after every update that all ranks hold
 bitwise identical weights. ``--comm_compress none|fp16|topk|gtopk``, ``--comm_density`` and
 ``--comm_error_feedback`` compress the gradients (``comm/compress.py``; they override the
-solver's engine-only ``comm_param`` block). A failure on one rank ends every rank
-(``comm/distributed.py``).
+solver's engine-only ``comm_param`` block). ``--fc_parallel data|auto|G`` makes every
+InnerProduct layer PCL-DNN hybrid parallel over groups of G ranks (``comm/hybrid_train.py``;
+it overrides the layers' engine-only ``inner_product_param.parallel``). A failure on one rank
+ends every rank (``comm/distributed.py``).
 Without a launcher, or with one process, training is exactly the one-process run.
 """
 import logging
@@ -89,6 +91,21 @@ def _check_compression(flags):
                          "hier), not nccl")
 
 
+def _fc_parallel(flags, world_size):
+    """``--fc_parallel``: data, auto or a group size G in digits; with ``world_size`` known
+    (after MPI starts, before any solver is built), G must divide it (one process included).
+
+    Raises:
+        CaffeError: one line naming the flag.
+    """
+    from .comm import hybrid_train
+    if flags["fc_parallel"] is None:
+        return
+    group = hybrid_train.parse_parallel(flags["fc_parallel"], "--fc_parallel")
+    if world_size is not None:
+        hybrid_train.check_divides(group, world_size, "--fc_parallel")
+
+
 def train(flags):
     """``caffe train``: build the solver, restore or finetune, and solve (tools/caffe.cpp).
 
@@ -105,7 +122,9 @@ def train(flags):
         raise CaffeError(f"--comm: {exc}") from None
     flags["bucket_mb"] = _bucket_mb(flags["bucket_mb"])
     _check_compression(flags)
+    _fc_parallel(flags, None)
     ctx = distributed.init(flags["comm"])
+    _fc_parallel(flags, ctx.size)
     if ctx.size == 1:
         return _train(flags, None)
     if not ctx.is_root:  # rank 0 alone logs; the others report warnings and errors only
@@ -140,7 +159,8 @@ def _train(flags, ctx):
                                       debug_sync=flags["debug_sync"],
                                       compress=flags["comm_compress"],
                                       density=flags["comm_density"],
-                                      error_feedback=flags["comm_error_feedback"]))
+                                      error_feedback=flags["comm_error_feedback"],
+                                      fc_parallel=flags["fc_parallel"]))
     with handler:
         solver = get_solver(param, source=flags["solver"], callbacks=callbacks)
         solver.exact_resume = flags["exact_resume"]

@@ -66,6 +66,10 @@ commands:
       sent, in (0, 1].) type: double default: 0.001
     -comm_error_feedback (Not in Caffe; topk/gtopk: keep what is not sent in a
       residual added to the next gradient.) type: bool default: true
+    -fc_parallel (Not in Caffe; under mpiexec, PCL-DNN's hybrid parallelism for
+      every InnerProduct layer: data, auto (the balance equations) or a group
+      size G dividing the rank count; overrides the layers' parallel field.)
+      type: string default: ""
 """
 
 FLAGS = {
@@ -88,6 +92,8 @@ FLAGS = {
     "comm_compress": (str, None),
     "comm_density": (float, None),
     "comm_error_feedback": (bool, None),
+    # PCL-DNN's hybrid InnerProduct (None: not given; each layer's inner_product_param.parallel).
+    "fc_parallel": (str, None),
     # glog's flags, which Caffe's gflags parse too (None: not given; GLOG_<flag> and the
     # defaults of caffe_engine.log.init_glog apply).
     "log_dir": (str, None),

@@ -11,7 +11,9 @@ P2PSync; solver.cpp, the root-only tests and snapshots):
   hold the same solver parameters (the device id aside); seed ``random_seed + rank`` (Caffe's
   Solver::Init);
 - ``on_nets_ready``: the same learnable shapes everywhere; rank 0's initial weights broadcast
-  (NCCL::Broadcast); the gradient buckets (:class:`~.buckets.GradientSync`) hooked on the train
+  (NCCL::Broadcast); PCL-DNN's hybrid InnerProduct layers sliced over their groups
+  (:mod:`.hybrid_train`: ``inner_product_param.parallel`` or ``fc_parallel``), their slices
+  kept out of the world allreduce and summed over their replicas instead; the gradient buckets (:class:`~.buckets.GradientSync`) hooked on the train
   net's after-backward (NCCL::run per layer); with ``bucket_mb="auto"`` the MG-WFBP planner
   (:class:`~.bucket_plan.AutoBuckets`); the ``Data parallel: ...`` line; ``debug_sync``'s
   first check;
@@ -39,7 +41,7 @@ from ..errors import CaffeError
 from ..log import g, logger
 from ..proto import caffe_pb2
 from . import compress as compression
-from . import distributed
+from . import distributed, hybrid_train
 from .buckets import GradientSync
 from .communicator import Communicator
 
@@ -83,6 +85,9 @@ class DataParallel:
             ``"topk"``, ``"gtopk"``; the fraction of each bucket sent; the residual kept or
             not); None (default) takes the solver's ``comm_param`` block's value, or its
             default (none, 0.001, true) without a block. See :mod:`.compress`.
+        fc_parallel: PCL-DNN's hybrid parallelism for every InnerProduct layer: ``"data"``,
+            ``"auto"`` or a group size G (text or int, dividing ``comm.size``); None (default)
+            takes each layer's ``inner_product_param.parallel``. See :mod:`.hybrid_train`.
 
     Attributes:
         comm, rank, size: the communicator and this process's place in it.
@@ -90,16 +95,19 @@ class DataParallel:
         grad_sync: the :class:`~.buckets.GradientSync`, from ``on_nets_ready`` on.
         planner: the :class:`~.bucket_plan.AutoBuckets` with ``bucket_mb="auto"``, else None.
         compression: the :class:`~.compress.Compression` in use (from ``on_init``), or None.
+        hybrid: the :class:`~.hybrid_train.HybridLayers` (from ``on_nets_ready``), or None
+            when no layer is hybrid; it is also the solver's ``param_slicing``.
 
     Raises:
         CaffeError: a ``bucket_mb`` that is neither a number nor ``"auto"``; at ``on_init`` /
             ``on_nets_ready``, solver parameters or learnable shapes that differ between ranks
             (on every rank); ``debug_sync``, weights that differ; a bad compression method or
-            density (one line), or compression on a communicator without it (``nccl``).
+            density (one line), or compression on a communicator without it (``nccl``); a bad
+            ``fc_parallel`` or one that does not divide ``comm.size`` (one line).
     """
 
     def __init__(self, comm, bucket_mb=25.0, debug_sync=False, compress=None, density=None,
-                 error_feedback=None):
+                 error_feedback=None, fc_parallel=None):
         self.comm = comm
         self.rank = comm.rank
         self.size = comm.size
@@ -110,6 +118,12 @@ class DataParallel:
         if density is not None:
             compression.check_density(density, "DataParallel: density")
         self._compress_args = (compress, density, error_feedback)
+        self.fc_parallel = None if fc_parallel is None else str(fc_parallel)
+        if self.fc_parallel is not None:
+            hybrid_train.check_divides(
+                hybrid_train.parse_parallel(self.fc_parallel, "DataParallel: fc_parallel"),
+                self.size, "DataParallel: fc_parallel")
+        self.hybrid = None
         self.compression = None
         self.solver = None
         self.grad_sync = None
@@ -139,27 +153,50 @@ class DataParallel:
                                  f"'{self.comm.name}'")
 
     def on_nets_ready(self, solver):
-        """Rank 0's weights everywhere, the gradient buckets hooked on, the summary line."""
+        """Rank 0's weights everywhere, the hybrid layers sliced, the gradient buckets hooked
+        on, the summary line."""
         net = solver.net
         distributed.check_same_config(self.comm, params=",".join(
             str(tuple(b.shape)) for b in net.learnable_params))
-        distributed.broadcast_params(net, self.comm)
+        chosen = hybrid_train.choose_groups(net, self.comm, self.fc_parallel)   # rank 0's
+        distributed.broadcast_params(net, self.comm)     # full blobs, before slicing
+        plain = net
+        if chosen:
+            self.hybrid = hybrid_train.HybridLayers(solver, self.comm, chosen, self.bucket_mb)
+            solver.param_slicing = self.hybrid
+            plain = self.hybrid.plain
         auto = self.bucket_mb == "auto"
         first_mb = 25.0 if auto else self.bucket_mb
-        self.grad_sync = GradientSync(net, self.comm, bucket_mb=first_mb, op="mean",
+        self.grad_sync = GradientSync(plain, self.comm, bucket_mb=first_mb, op="mean",
                                       compress=self.compression)
         net.after_backward(self.grad_sync.on_layer_backward_done, sees_blobs=False)
         if auto:    # MG-WFBP: planned from the first iterations' backward times
             from .bucket_plan import AutoBuckets
-            self.planner = AutoBuckets(net, self.grad_sync, self.comm, log=logger,
+            self.planner = AutoBuckets(plain, self.grad_sync, self.comm, log=logger,
                                        model_path=environment.read("CAFFE_COST_MODEL"))
         logger.info("Data parallel: rank %d of %d (%s), %d gradient bucket(s) of at most %s MB%s, "
-                    "records dealt to %s%s", self.rank, self.size, self.comm.name,
+                    "records dealt to %s%s%s", self.rank, self.size, self.comm.name,
                     len(self.grad_sync.buckets), g(first_mb),
                     " until the auto plan" if auto else "",
-                    ", ".join(solver.dealt_layers) or "none", self._compression_text())
+                    ", ".join(solver.dealt_layers) or "none", self._compression_text(),
+                    self._hybrid_text(net))
         if self.debug_sync:
-            distributed.check_params_in_sync(net, self.comm, iteration=0)
+            self._check_sync(net, 0)
+
+    def _hybrid_text(self, net):
+        """The ``Data parallel`` line's tail: the hybrid layers and their group sizes."""
+        if self.hybrid is None:
+            return ""
+        return f", hybrid (PCL-DNN) layers: {self.hybrid.describe(net)}"
+
+    def _check_sync(self, net, iteration):
+        """``debug_sync``: the unsliced params equal on every rank, each slice within its
+        replicas (collective)."""
+        if self.hybrid is None:
+            distributed.check_params_in_sync(net, self.comm, iteration=iteration)
+            return
+        distributed.check_params_in_sync(self.hybrid.plain, self.comm, iteration=iteration)
+        self.hybrid.check_in_sync(net, iteration)
 
     # -- every iteration ------------------------------------------------------------------
     def on_start(self):
@@ -171,16 +208,21 @@ class DataParallel:
         """Arm the buckets for the last pass: they launch as backward finishes their layers."""
         if k == solver.param.iter_size - 1:
             self.grad_sync.begin()
+            if self.hybrid is not None:
+                self.hybrid.begin()
 
     def on_gradients_ready(self):
-        """Launch the buckets not launched yet, wait for all: the diffs are the ranks' mean."""
+        """Launch the buckets not launched yet, wait for all: the diffs are the ranks' mean
+        (the hybrid slices': their replicas' sum over P)."""
         self.grad_sync.finish()
+        if self.hybrid is not None:
+            self.hybrid.finish(self.solver.net)
 
     def on_update_done(self, solver, action):
         """``debug_sync``'s check; the root's requested action for every rank; with
         compression, every ``display`` iterations, the bytes sent per iteration."""
         if self.debug_sync:
-            distributed.check_params_in_sync(solver.net, self.comm, iteration=solver.iter)
+            self._check_sync(solver.net, solver.iter)
         display = solver.param.display
         if self.compression is not None and display and solver.iter % display == 0:
             self._log_traffic(solver.iter)

@@ -14,23 +14,26 @@ SOLVERS = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, R
                                      AdaDeltaSolver, AdamSolver)}
 
 
-def get_solver(param, comm=None, bucket_mb=25.0, debug_sync=False, **kwargs):
+def get_solver(param, comm=None, bucket_mb=25.0, debug_sync=False, fc_parallel=None, **kwargs):
     """Build the solver that ``param.type`` names (a SolverParameter or a solver prototxt path;
     ``kwargs`` go to the solver class: ``source=`` the file a SolverParameter came from,
     ``callbacks=`` its :class:`~.callback.SolverCallback` objects).
 
-    ``comm`` (a communicator of more than one rank), ``bucket_mb`` and ``debug_sync`` are a
-    shorthand kept for Python callers: they put a
+    ``comm`` (a communicator of more than one rank), ``bucket_mb``, ``debug_sync`` and
+    ``fc_parallel`` (PCL-DNN's hybrid InnerProduct layers: "data", "auto" or G; None: each
+    layer's ``parallel`` field) are a shorthand kept for Python callers: they put a
     :class:`caffe_engine.comm.data_parallel.DataParallel` first among the callbacks, as
     ``caffe train`` does under ``mpiexec``. With ``comm`` None or of one rank they do nothing.
     (The communicator package is imported here, only then; the solver module never imports it.)
 
     Raises:
-        CaffeError: unknown solver type (the message lists the known ones); a bad ``bucket_mb``.
+        CaffeError: unknown solver type (the message lists the known ones); a bad ``bucket_mb``
+            or ``fc_parallel`` (one line).
     """
     if comm is not None and comm.size > 1:
         from ..comm.data_parallel import DataParallel
-        kwargs["callbacks"] = [DataParallel(comm, bucket_mb=bucket_mb, debug_sync=debug_sync),
+        kwargs["callbacks"] = [DataParallel(comm, bucket_mb=bucket_mb, debug_sync=debug_sync,
+                                            fc_parallel=fc_parallel),
                                *kwargs.get("callbacks", ())]
     if not isinstance(param, caffe_pb2.SolverParameter):
         kwargs.setdefault("source", str(param))

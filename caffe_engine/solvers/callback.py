@@ -35,7 +35,9 @@ class SolverCallback:
       ``solver.solver_count`` here and reseeds (Caffe's Solver::Init seeds with
       ``random_seed + solver_rank``).
     - ``on_nets_ready(solver)``: in the constructor, the train and test nets built, their
-      weights loaded and the train net's records dealt, before ``Solver scaffolding done.``.
+      weights loaded and the train net's records dealt, before ``Solver scaffolding done.``
+      (and before the update rule makes its history). A callback that slices the params over
+      several solvers (PCL-DNN's hybrid layers) sets ``solver.param_slicing`` here.
     - ``on_pass(solver, k)``: before forward/backward pass ``k`` (0 .. ``iter_size`` - 1) of an
       iteration.
     - ``on_update_done(solver, action)``: after every update (``solver.iter`` counts it), with

@@ -76,6 +76,14 @@ class Solver:
         action_request_function: None or a callable returning a :class:`SolverAction` value.
         exact_resume: when true, each snapshot also writes the ``.resume`` side file
             (see ``snapshot.py``).
+        param_slicing: None, or what a callback's ``on_nets_ready`` set when this solver's
+            params are slices of params spread over several solvers (PCL-DNN's hybrid
+            InnerProduct, :class:`caffe_engine.comm.hybrid_train.HybridLayers`): an object with
+            ``full_view(solver, write_back)``, a context manager (collective: every solver
+            enters it) within which the nets' layers and ``history`` hold the full blobs.
+            Snapshots and restores then run inside it, and since the nets' forward passes are
+            collective, every solver runs the tests and the final display's forward (the root
+            alone logs), and no action is asked for between test batches.
 
     Raises:
         CaffeError: no or several train nets, test_iter count mismatch, unwritable snapshot
@@ -107,6 +115,7 @@ class Solver:
         self.requested_early_exit = False
         self.action_request_function = None
         self.exact_resume = False
+        self.param_slicing = None
         self.losses = []
         self.smoothed_loss = f32(0)
         self._loss_start_iter = 0
@@ -220,7 +229,8 @@ class Solver:
         p = self.param
         if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self._snapshot_all_ranks()
-        if not self.is_root:  # the root snapshots, displays and tests the final weights
+        if not self.is_root and self.param_slicing is None:
+            # the root snapshots, displays and tests the final weights
             self._notify("on_root_done", self)
             logger.info("Optimization Done.")
             return
@@ -232,7 +242,8 @@ class Solver:
             loss = self.net.forward_loss(to_host=False)
             self._update_smoothed_loss(loss, self._loss_start_iter, p.average_loss)
             backend.raise_deferred()
-            logger.info("Iteration %d, loss = %s", self.iter, g(self._smoothed_on_host()))
+            if self.is_root:
+                logger.info("Iteration %d, loss = %s", self.iter, g(self._smoothed_on_host()))
         if p.test_interval and self.iter % p.test_interval == 0:
             self.test_all()
         self._notify("on_root_done", self)
@@ -265,7 +276,7 @@ class Solver:
             self.net.clear_param_diffs()
             if (p.test_interval and self.iter % p.test_interval == 0
                     and (self.iter > 0 or p.test_initialization)):
-                if self.is_root:
+                if self.is_root or self.param_slicing is not None:
                     self.test_all()
                 self._notify("on_test", self)
                 if self.requested_early_exit:
@@ -413,7 +424,9 @@ class Solver:
         sums = None
         loss = f32(0)
         for i in range(n):
-            request = self.get_requested_action()
+            # sliced params: every solver tests, collectively; actions wait for the update
+            request = (self.get_requested_action() if self.param_slicing is None
+                       else SolverAction.NONE)
             while request != SolverAction.NONE:
                 if request == SolverAction.SNAPSHOT:
                     self.snapshot()
@@ -454,8 +467,15 @@ class Solver:
     def snapshot(self, resume_content=None):
         """Write the weights and the solver state, atomically (:func:`.snapshot.snapshot`);
         with :attr:`exact_resume` also the ``.resume`` side file, of ``resume_content`` (every
-        rank's, from an ``on_snapshot`` callback) or of this process's own state."""
-        snapshots.snapshot(self, resume_content)
+        rank's, from an ``on_snapshot`` callback) or of this process's own state. With
+        :attr:`param_slicing` every solver calls it (the full blobs are gathered) and the root
+        alone writes."""
+        if self.param_slicing is None:
+            snapshots.snapshot(self, resume_content)
+            return
+        with self.param_slicing.full_view(self, write_back=False):
+            if self.is_root:
+                snapshots.snapshot(self, resume_content)
 
     def resume_content(self, comm=None):
         """The ``.resume`` side file's content: this process's (:func:`.snapshot.capture_resume`),
@@ -472,12 +492,17 @@ class Solver:
             given = on_snapshot(self)
             if given is not None:
                 content = given
-        if self.is_root:
+        if self.is_root or self.param_slicing is not None:
             self.snapshot(content)
 
     def restore(self, state_file, exact_resume=None):
         """Restore iter, lr step, history and weights from solver state ``state_file``, and
         with ``exact_resume`` (default: :attr:`exact_resume`) its ``.resume`` side file
-        (:func:`.snapshot.restore`, which lists the errors raised)."""
-        snapshots.restore(self, state_file,
-                          self.exact_resume if exact_resume is None else exact_resume)
+        (:func:`.snapshot.restore`, which lists the errors raised). With :attr:`param_slicing`
+        every solver calls it: the full blobs read are sliced into each."""
+        exact = self.exact_resume if exact_resume is None else exact_resume
+        if self.param_slicing is None:
+            snapshots.restore(self, state_file, exact)
+            return
+        with self.param_slicing.full_view(self, write_back=True):
+            snapshots.restore(self, state_file, exact)
