@@ -79,6 +79,7 @@ NETS = {"caffenet": ("natanielruiz__net-archive/caffenet-flowers/train_val.proto
 DATA_TYPES = ("Data", "ImageData", "Input", "HDF5Data", "DummyData", "MemoryData", "WindowData")
 RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
 RSS_LINE = re.compile(r"hybrid_check: rank peak RSS (\d+) kB")
+HYBRID_LINE = re.compile(r"hybrid \(PCL-DNN\) layers: ([^\n]*)")
 #: Each rank runs caffe under this wrapper, which reports its children's peak RSS (the
 #: supervised child included) and passes the exit status on. close_fds=False: hydra's PMI fd.
 RSS_WRAPPER = ("import resource, subprocess, sys\n"
@@ -269,7 +270,9 @@ def measure(run, solver_path, args):
     rates = [float(r) for it, r in RATE_LINE.findall(text) if int(it) > args.skip]
     rss = [int(kb) / 1024 for kb in RSS_LINE.findall(text)]
     busiest, mean = wire_bytes(samples)
+    chosen = HYBRID_LINE.search(text)
     out = dict(run, key=run_key(run), batch=args.batch, rates=rates,
+               hybrid_layers=chosen.group(1).strip() if chosen else None,
                median_it_s=statistics.median(rates) if rates else None,
                wire_bytes_max=busiest, wire_bytes_mean=mean,
                rss_mb=rss, rss_mb_max=max(rss) if rss else None,
@@ -366,23 +369,29 @@ def add_predictions(results, batch, comm, cores):
 
 
 def best_rows(runs):
-    """Per (net, bandwidth, latency, P): the measured best setting, the predicted best, and the
-    measured time of the predicted best over the measured best's."""
+    """Per (net, bandwidth, latency, P): the measured best of data parallelism and the G
+    settings, the predicted best among them, the measured time of the predicted best over the
+    measured best's, data parallelism's over the best's, and ``auto``'s over the best's (it runs
+    one of the G settings: the one its log's plan chose)."""
     cells = {}
     for r in runs:
         if r["procs"] > 1 and r.get("ms_iter") and r.get("predicted_ms"):
             cells.setdefault((r["net"], r["bandwidth"], r["latency"], r["procs"]), []).append(r)
     out = []
     for (net, bw, lat, p), rs in cells.items():
-        measured = min(rs, key=lambda r: r["ms_iter"])
-        predicted = min(rs, key=lambda r: (r["predicted_ms"], r["fc"] == "auto"))
-        data = next((r for r in rs if r["fc"] == "data"), None)
+        fixed = [r for r in rs if r["fc"] != "auto"]
+        if not fixed:
+            continue
+        measured = min(fixed, key=lambda r: r["ms_iter"])
+        predicted = min(fixed, key=lambda r: r["predicted_ms"])
+        data = next((r for r in fixed if r["fc"] == "data"), None)
+        auto = next((r for r in rs if r["fc"] == "auto"), None)
         out.append({"net": net, "bandwidth": bw, "latency": lat, "procs": p,
                     "measured_best": measured["fc"], "measured_ms": measured["ms_iter"],
                     "predicted_best": predicted["fc"], "predicted_best_ms": predicted["ms_iter"],
                     "ratio": predicted["ms_iter"] / measured["ms_iter"],
-                    "hybrid_over_data": (data["ms_iter"] / measured["ms_iter"]) if data
-                    else None})
+                    "data_over_best": data["ms_iter"] / measured["ms_iter"] if data else None,
+                    "auto_over_best": auto["ms_iter"] / measured["ms_iter"] if auto else None})
     return out
 
 
@@ -454,8 +463,8 @@ def training_table(runs):
     base = {r["net"]: r["ms_iter"] for r in runs if r["procs"] == 1 and r.get("ms_iter")}
     lines = ["| net | link, latency | P | --fc_parallel | measured ms/iter | predicted ms/iter "
              "(groups) | measured / predicted | speedup | wire MB/iter, busiest host | "
-             "predicted MB/iter/rank | peak RSS MB/rank |", "|---|---|---|---|---|---|---|---|"
-             "---|---|---|"]
+             "predicted MB/iter/rank | peak RSS MB/rank | hybrid layers (the run's log) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         ms, pred = r.get("ms_iter"), r.get("predicted_ms")
         groups = ", ".join(f"{n} {g}" for n, g in (r.get("predicted_groups") or {}).items())
@@ -467,18 +476,20 @@ def training_table(runs):
             f"{_f(ms / pred if ms and pred else None, '.2f')} | {_f(speed, '.2f')} | "
             f"{_f(r['wire_bytes_max'] / 1e6 if r.get('wire_bytes_max') else None, '.1f')} | "
             f"{_f(r['predicted_sent_bytes'] / 1e6 if r.get('predicted_sent_bytes') else None, '.1f')}"
-            f" | {_f(r.get('rss_mb_max'), '.0f')} |")
+            f" | {_f(r.get('rss_mb_max'), '.0f')} | {r.get('hybrid_layers') or '-'} |")
     return "\n".join(lines)
 
 
 def best_table(rows):
     """Markdown: measured best against predicted best per (net, link, P)."""
     lines = ["| net | link, latency | P | measured best | predicted best | measured ms at "
-             "predicted best / best | data parallel ms / best |", "|---|---|---|---|---|---|---|"]
+             "predicted best / best | data parallel ms / best | auto ms / best |",
+             "|---|---|---|---|---|---|---|---|"]
     for b in rows:
         lines.append(f"| {b['net']} | {b['bandwidth']}, {b['latency']} | {b['procs']} | "
                      f"{b['measured_best']} ({b['measured_ms']:.0f} ms) | {b['predicted_best']} "
-                     f"| {b['ratio']:.2f} | {_f(b['hybrid_over_data'], '.2f')} |")
+                     f"| {b['ratio']:.2f} | {_f(b['data_over_best'], '.2f')} | "
+                     f"{_f(b['auto_over_best'], '.2f')} |")
     return "\n".join(lines)
 
 
@@ -554,8 +565,9 @@ def write_outputs(args, results, path):
     add_predictions(results, args.batch, args.comm, args.cores)
     save_results(results, path)
     best = best_rows(results["runs"])
-    text = [f"# Hybrid (PCL-DNN) FC layers on emulated hosts: `{' '.join(results.get('command', []))}`",
-            "", f"Batch {args.batch} per rank, --comm {args.comm}, one rank per host, "
+    commands = "; ".join(f"`{' '.join(c)}`" for c in results.get("commands", []))
+    text = ["# Hybrid (PCL-DNN) FC layers on emulated hosts", "", f"Made by {commands}.", "",
+            f"Batch {args.batch} per rank, --comm {args.comm}, one rank per host, "
             "OMP_NUM_THREADS=1; ms/iter: median of the per-iteration rates past the first "
             f"{args.skip}; predicted: perf/hybrid.py with the fitted link model + latency.", "",
             training_table(results["runs"]), "", "## Best setting, measured and predicted", "",
@@ -613,9 +625,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     results = load_results(path)
-    results["command"] = ["tools/hybrid_check.py"] + list(sys.argv[1:] if argv is None
-                                                          else argv)
     if not args.replot:
+        results.setdefault("commands", []).append(
+            ["python", "tools/hybrid_check.py"] + list(sys.argv[1:] if argv is None else argv))
         netlab = _launch.load_tool("netlab")
         ok, why = netlab.available()
         if not ok:

@@ -76,12 +76,13 @@ def test_best_rows():
     runs = [_run(1, "data", 500, None), _run(8, "data", 4000, 5000), _run(8, "2", 2500, 3000),
             _run(8, "8", 2000, 3100), _run(8, "auto", 2100, 3000)]
     best, = hc.best_rows(runs)
-    # Measured best G = 8 (2000 ms); predicted best G = 2 (3000, auto ties it and loses the
-    # tie), which measured 2500: 1.25 of the best; data parallel 4000 / 2000 = 2.
+    # Measured best G = 8 (2000 ms); predicted best G = 2 (3000; auto is not a candidate),
+    # which measured 2500: 1.25 of the best; data parallel 4000 / 2000 = 2; auto 2100 / 2000.
     assert (best["measured_best"], best["predicted_best"]) == ("8", "2")
-    assert best["ratio"] == pytest.approx(1.25) and best["hybrid_over_data"] == 2.0
+    assert best["ratio"] == pytest.approx(1.25) and best["data_over_best"] == 2.0
+    assert best["auto_over_best"] == pytest.approx(1.05)
     table = hc.best_table([best])
-    assert "| caffenet | 1gbit, none | 8 | 8 (2000 ms) | 2 | 1.25 | 2.00 |" in table
+    assert "| caffenet | 1gbit, none | 8 | 8 (2000 ms) | 2 | 1.25 | 2.00 | 1.05 |" in table
 
 
 def test_crossovers():
