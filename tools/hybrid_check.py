@@ -398,20 +398,23 @@ def best_rows(runs):
 # -- allreduce ---------------------------------------------------------------------------------
 def run_allreduce(args, results, path):
     """tools/bench_allreduce.py --netlab per bandwidth and latency (skipping those done): flat
-    (tree, ring, mpi at P = 2, 4, 8) and two ranks per host (hier, ring, tree at P = 4, 8)."""
-    sizes = ["4K", "16K", "64K", "256K", "1M", "4M"]
+    (tree, ring, mpi at ``--ar-procs``, one rank per host) and two ranks per host (hier, ring,
+    tree at those P >= 4)."""
+    flat = [str(p) for p in args.ar_procs]
+    pairs = [str(p) for p in args.ar_procs if p >= 4 and p % 2 == 0]
+    kinds = [("flat", ["--procs", *flat, "--algorithms", "tree", "ring", "mpi"])]
+    if pairs:
+        kinds.append(("hier2", ["--procs", *pairs, "--ranks-per-host", "2", "--algorithms",
+                                "hier", "ring", "tree"]))
     for bw in args.bandwidth:
         for lat in args.latency:
-            for kind, extra in (("flat", ["--procs", "2", "4", "8", "--algorithms", "tree",
-                                          "ring", "mpi"]),
-                                ("hier2", ["--procs", "4", "8", "--ranks-per-host", "2",
-                                           "--algorithms", "hier", "ring", "tree"])):
+            for kind, extra in kinds:
                 key = f"{bw}|{lat}|{kind}"
                 if key in results["allreduce"] and not args.retry:
                     continue
                 out = os.path.join(args.out, "allreduce", f"{bw}_{lat}_{kind}")
                 cmd = [sys.executable, os.path.join(TOOLS, "bench_allreduce.py"), "--netlab",
-                       "--bandwidth", bw, "--sizes", *sizes, "--reps", str(args.reps),
+                       "--bandwidth", bw, "--sizes", *args.ar_sizes, "--reps", str(args.reps),
                        "--out", out, *extra] + (["--latency", lat] if lat != "none" else [])
                 t0 = time.time()
                 done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -494,13 +497,19 @@ def best_table(rows):
 
 
 def crossover_table(rows):
-    """Markdown: per link, latency and P, where the tree beat the ring."""
-    lines = ["| link | latency | P | sizes where tree < ring | crossover (largest) |",
-             "|---|---|---|---|---|"]
+    """Markdown: per link, latency and P, where the tree beat the ring, and tree / ring at the
+    smallest and the largest size."""
+    lines = ["| link | latency | P | sizes where tree < ring | crossover (largest) | tree / ring"
+             " ms, smallest size | tree / ring ms, largest size |", "|---|---|---|---|---|---|---|"]
     for c in rows:
         wins = ", ".join(_size(n) for n in c["tree_wins"]) or "none"
+        ends = []
+        for n in (min(c["times"]), max(c["times"])):
+            t = c["times"][n]
+            ends.append(f"{_size(n)}: {t.get('tree', 0) * 1e3:.2f} / {t.get('ring', 0) * 1e3:.2f}")
         lines.append(f"| {c['bandwidth']} | {c['latency']} | {c['procs']} | {wins} | "
-                     f"{_size(c['crossover']) if c['crossover'] else '-'} |")
+                     f"{_size(c['crossover']) if c['crossover'] else '-'} | {ends[0]} | "
+                     f"{ends[1]} |")
     return "\n".join(lines)
 
 
@@ -601,6 +610,9 @@ def parse_args(argv=None):
     ap.add_argument("--allreduce", action="store_true", help="also the allreduce sweep")
     ap.add_argument("--no-train", action="store_true", help="skip the training runs")
     ap.add_argument("--reps", type=int, default=5, help="bench_allreduce repetitions")
+    ap.add_argument("--ar-procs", type=int, nargs="+", default=[2, 4, 8],
+                    help="allreduce P, one rank per host (and two per host from P = 4: hier)")
+    ap.add_argument("--ar-sizes", nargs="+", default=["4K", "16K", "64K", "256K", "1M", "4M"])
     ap.add_argument("--retry", action="store_true", help="rerun failed runs and done sweeps")
     ap.add_argument("--replot", action="store_true", help="tables and plot from results.json")
     ap.add_argument("--quick", action="store_true",

@@ -93,7 +93,8 @@ def test_crossovers():
                              "1gbit|500us|hier2": {"rows": rows}}}
     c, = hc.crossovers(results)
     assert (c["tree_wins"], c["crossover"]) == ([4096, 65536], 65536)
-    assert "| 1gbit | 500us | 8 | 4 KiB, 64 KiB | 64 KiB |" in hc.crossover_table([c])
+    assert ("| 1gbit | 500us | 8 | 4 KiB, 64 KiB | 64 KiB | 4 KiB: 1000.00 / 2000.00 | "
+            "1 MiB: 5000.00 / 3000.00 |") in hc.crossover_table([c])
 
 
 def test_training_table_marks_failures():
