@@ -111,3 +111,39 @@ def test_results_resume(tmp_path):
     results["runs"].append({"key": "a"})
     hc.save_results(results, path)
     assert hc.load_results(path)["runs"] == [{"key": "a"}]
+
+
+def _lab_missing():
+    netlab = hc._launch.load_tool("netlab")
+    ok, why = netlab.available()
+    if not ok:
+        return f"netlab: {why}"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed"
+    return None if netlab.default_mpiexec() else "no mpiexec"
+
+
+@pytest.mark.slow
+@needs_realworld
+@pytest.mark.skipif(_lab_missing() is not None, reason=str(_lab_missing()))
+def test_quick_grid_on_emulated_hosts(tmp_path):
+    """``--quick`` end to end (about a minute): CaffeNet at P = 1 and 2 on 1 Gbit/s, data
+    parallel against ``--fc_parallel 2``; the hybrid run sends a small fraction of the bytes."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "hybrid_check.py"), "--quick",
+                          "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = {r["key"]: r for r in hc.load_results(str(tmp_path / "results.json"))["runs"]}
+    assert set(runs) == {"caffenet|P1|data|None|None", "caffenet|P2|data|1gbit|none",
+                         "caffenet|P2|2|1gbit|none"}
+    assert not [r["error"] for r in runs.values() if "error" in r]
+    data, hybrid = runs["caffenet|P2|data|1gbit|none"], runs["caffenet|P2|2|1gbit|none"]
+    # Data parallel: the ring's 2 (P - 1) / P |W| = 244 MB of payload; hybrid: about 10 MB.
+    assert 0.95 < data["wire_bytes_max"] / data["predicted_sent_bytes"] < 1.2
+    assert hybrid["wire_bytes_max"] < data["wire_bytes_max"] / 10
+    assert hybrid["hybrid_layers"] == "fc6 G=2, fc7 G=2, fc8_oxford_102 G=2"
+    assert (tmp_path / "table.md").exists() and (tmp_path / "plot.png").exists()
