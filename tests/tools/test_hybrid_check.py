@@ -118,9 +118,7 @@ def _lab_missing():
     ok, why = netlab.available()
     if not ok:
         return f"netlab: {why}"
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("mpi4py") is None:
         return "mpi4py is not installed"
     return None if netlab.default_mpiexec() else "no mpiexec"
 
