@@ -8,7 +8,7 @@ Usage::
         --fit-min-bytes 4194304                                   # LinkModel, measured/predicted
     python tools/cost_model.py --report results.json --links-model links_model.json
     python tools/cost_model.py --firecaffe                        # docs/scaling.md's table
-    python tools/cost_model.py hybrid --net ../shared/realworld/natanielruiz__net-archive/vgg_ilsvrc_16/VGG_ILSVRC_16_layers_deploy.prototxt --batch 8 \
+    python tools/cost_model.py hybrid --net VGG_ILSVRC_16_layers_deploy.prototxt --batch 8 \
         --procs 2 4 8 --bandwidth 1gbit --latency 50us         # PCL-DNN's hybrid FC layers
 
 The models are caffe_engine/perf (:mod:`caffe_engine.perf.alpha_beta`,

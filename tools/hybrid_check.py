@@ -457,6 +457,10 @@ def _f(value, fmt):
     return "-" if value is None else format(value, fmt)
 
 
+def _mb(nbytes):
+    return _f(nbytes / 1e6 if nbytes else None, ".1f")
+
+
 def _link(r):
     return "-" if r["procs"] == 1 else f"{r['bandwidth']}, {r['latency']}"
 
@@ -477,9 +481,8 @@ def training_table(runs):
             f"{_f(ms, '.0f') if 'error' not in r else 'failed: ' + r['error'][:60]} | "
             f"{_f(pred, '.0f')}{f' ({groups})' if groups else ''} | "
             f"{_f(ms / pred if ms and pred else None, '.2f')} | {_f(speed, '.2f')} | "
-            f"{_f(r['wire_bytes_max'] / 1e6 if r.get('wire_bytes_max') else None, '.1f')} | "
-            f"{_f(r['predicted_sent_bytes'] / 1e6 if r.get('predicted_sent_bytes') else None, '.1f')}"
-            f" | {_f(r.get('rss_mb_max'), '.0f')} | {r.get('hybrid_layers') or '-'} |")
+            f"{_mb(r.get('wire_bytes_max'))} | {_mb(r.get('predicted_sent_bytes'))} | "
+            f"{_f(r.get('rss_mb_max'), '.0f')} | {r.get('hybrid_layers') or '-'} |")
     return "\n".join(lines)
 
 

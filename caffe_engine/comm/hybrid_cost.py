@@ -4,9 +4,9 @@ Das et al., "Distributed deep learning using synchronous stochastic gradient des
 (arXiv:1602.06709), section 3 ("Optimizing communication"): 3.1 data parallelism, 3.2 model
 parallelism, 3.3 hybrid parallelism. A layer is split the way whose communication costs least
 against its computation; data and model parallelism are the two ends of the hybrid (group size
-G = 1 and G = P). docs/scaling.md, "Hybrid parallelism for fully connected layers (PCL-DNN)",
-and /work/wt/HYBRID_SPEC.md's data flow (``caffe_engine/layers/model_parallel.py``) are what
-these equations time.
+G = 1 and G = P). They time the data flow of :mod:`caffe_engine.layers.model_parallel` (the
+layer) and :mod:`.hybrid_train` (the run); docs/scaling.md, "Hybrid parallelism for fully
+connected layers (PCL-DNN)", has them with the knobs and the measurements.
 
 Notation (one layer, one iteration, float32 = 4 bytes): P ranks, G ranks per group (G divides
 P), M rows of the bottom on one rank (its batch), K = inputs, N = outputs (``num_output``),
@@ -55,6 +55,7 @@ so a free link keeps data parallelism).
 import math
 from collections import namedtuple
 
+from ..errors import CaffeError
 from .allreduce_cost import ALGORITHMS, shape_terms
 
 #: Bytes of one float32 value.
@@ -99,7 +100,6 @@ class Link(namedtuple("Link", "alpha beta")):
         """
         name = algorithm if algorithm in model.params else "ring"
         if name not in model.params:
-            from ..errors import CaffeError
             raise CaffeError(f"cost model: no parameters for '{algorithm}' nor 'ring'")
         p = model.params[name]
         return cls(float(p["alpha"]), float(p["beta"]))

@@ -20,7 +20,8 @@ CAFFENET = os.path.join(SHAPES, "natanielruiz__net-archive__caffenet-flowers__tr
 GBIT = Link.from_rate(1e9, 50e-6)
 
 TWO_LAYERS = """name: "two"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 10 dim: 2 dim: 3 dim: 5 } } }
+layer { name: "data" type: "Input" top: "data"
+        input_param { shape { dim: 10 dim: 2 dim: 3 dim: 5 } } }
 layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
         inner_product_param { num_output: 7 axis: 2 } }
 layer { name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }
