@@ -81,20 +81,77 @@ def pingpong(lab, sizes=(8, 65536), reps=300, stream=0, timeout=300):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def calibrate(delays, reps, rate=None, relay="auto"):
-    """Rows of the ping-pong at each set delay (seconds; 0 = the plain lab), plus the relay
-    with no hold (``"relay 0"``). Each row: set, RTTs per size, one-way delay measured."""
-    rows, base = [], None
-    for label, delay, overhead in ([("relay 0", 1e-9, 1.0)]
-                                   + [(netlab.format_time(d or None), d, None) for d in delays]):
-        with netlab.Lab(hosts=2, bandwidth=rate, latency=delay or None, relay=relay,
-                        relay_overhead=overhead) as lab:
-            rtt = pingpong(lab, reps=reps)
-        if delay == 0:
-            base = rtt
-        rows.append({"set": label, "set_s": delay if overhead is None else 0.0, "rtt_s": rtt})
+TCP_ECHO = r"""
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+buf = bytearray(1 << 20)
+while True:
+    n = c.recv_into(buf)
+    if not n:
+        break
+    c.sendall(memoryview(buf)[:n])
+"""
+
+TCP_PING = r"""
+import json, socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+reps, result, buf = int(sys.argv[4]), {}, bytearray(1 << 20)
+for size in [int(s) for s in sys.argv[3].split(",")]:
+    out, times = bytes(size), []
+    for _ in range(reps + 20):
+        t = time.perf_counter()
+        c.sendall(out)
+        got = 0
+        while got < size:
+            got += c.recv_into(buf, size - got)
+        times.append(time.perf_counter() - t)
+    result[str(size)] = statistics.median(times[20:])
+print(json.dumps(result))
+"""
+
+
+def tcp_pingpong(lab, sizes=(8, 65536), reps=300, timeout=120):
+    """Median round trip (seconds) per size of a blocking TCP ping-pong (Python sockets,
+    TCP_NODELAY) from h0 to an echo server on h1."""
+    far = lab.hosts[1]
+    echo = lab.popen_in(far, [sys.executable, "-c", TCP_ECHO, far.address],
+                        stdout=subprocess.PIPE, text=True)
+    try:
+        port = echo.stdout.readline().strip()
+        done = lab.run_in("h0", [sys.executable, "-c", TCP_PING, far.address, port,
+                                 ",".join(map(str, sizes)), str(reps)],
+                          capture_output=True, text=True, timeout=timeout, check=True)
+    finally:
+        echo.kill()
+        echo.wait()
+    return json.loads(done.stdout)
+
+
+def calibrate(delays, reps, rounds=1, rate=None, relay="auto", sizes=(8, 65536)):
+    """Ping-pongs (MPI and TCP) at each set delay (seconds; 0 = the plain lab) and through the
+    relay with no hold (``"relay 0"``), ``rounds`` times interleaved; medians over the rounds.
+    Each row: set, RTT per ``"mpi 8"``-like key, one-way delay measured (RTT - RTT_0) / 2."""
+    cases = [("relay 0", 1e-9, 1.0)] + [(netlab.format_time(d or None), d, None) for d in delays]
+    samples = {label: [] for label, _, _ in cases}
+    for _ in range(rounds):
+        for label, delay, overhead in cases:
+            with netlab.Lab(hosts=2, bandwidth=rate, latency=delay or None, relay=relay,
+                            relay_overhead=overhead) as lab:
+                rtt = {f"mpi {k}": v for k, v in pingpong(lab, sizes, reps=reps).items()}
+                rtt.update((f"tcp {k}", v) for k, v in tcp_pingpong(lab, sizes, reps).items())
+            samples[label].append(rtt)
+    rows = []
+    for label, delay, overhead in cases:
+        rtt = {k: statistics.median(r[k] for r in samples[label]) for k in samples[label][0]}
+        rows.append({"set": label, "set_s": delay if overhead is None else 0.0, "rtt_s": rtt,
+                     "rtt_rounds_s": samples[label]})
+    base = next(r["rtt_s"] for r in rows if r["set"] == "no delay")
     for row in rows:
-        row["one_way_s"] = {size: (t - base[size]) / 2 for size, t in row["rtt_s"].items()}
+        row["one_way_s"] = {k: (t - base[k]) / 2 for k, t in row["rtt_s"].items()}
     return rows
 
 
@@ -166,17 +223,17 @@ def _relay_cpu(lab):
 
 
 def calibration_table(rows):
-    """Markdown: set delay, RTT and measured one-way delay per message size."""
-    sizes = list(rows[0]["rtt_s"])
-    head = "| set one-way | " + " | ".join(
-        f"RTT {_size(s)} | one-way {_size(s)} (err)" for s in sizes) + " |"
-    lines = [head, "|" + "---|" * (1 + 2 * len(sizes))]
+    """Markdown: per set delay and ping-pong, ``RTT / measured one-way (error)`` in us."""
+    keys = list(rows[0]["rtt_s"])
+    names = [f"{k.split()[0].upper()} {_size(k.split()[1])}" for k in keys]
+    lines = ["| set one-way | " + " | ".join(f"{n}: RTT / one-way" for n in names) + " |",
+             "|" + "---|" * (1 + len(keys))]
     for row in rows:
         cells = [row["set"]]
-        for s in sizes:
-            one_way, want = row["one_way_s"][s], row["set_s"]
+        for k in keys:
+            one_way, want = row["one_way_s"][k], row["set_s"]
             err = f" ({(one_way - want) / want:+.0%})" if want else ""
-            cells += [f"{row['rtt_s'][s] * 1e6:.0f} us", f"{one_way * 1e6:.1f} us{err}"]
+            cells.append(f"{row['rtt_s'][k] * 1e6:.0f} / {one_way * 1e6:.1f}{err}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -222,6 +279,7 @@ def main(argv=None):
     p.add_argument("--aggregate", action="store_true", help="all hosts sending at once")
     p.add_argument("--delays", nargs="+", default=["0", "50us", "200us", "500us", "2ms"])
     p.add_argument("--reps", type=int, default=300, help="ping-pong round trips per size")
+    p.add_argument("--rounds", type=int, default=3, help="calibrate: interleaved repeats")
     p.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--bandwidth", default="1gbit", help="the links' rate (aggregate)")
     p.add_argument("--calibrate-bandwidth", default="none",
@@ -240,7 +298,7 @@ def main(argv=None):
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if args.calibrate:
         delays = [netlab.parse_time(d) or 0.0 for d in args.delays]
-        rows = calibrate(delays, args.reps, args.calibrate_bandwidth, relay=args.relay)
+        rows = calibrate(delays, args.reps, args.rounds, args.calibrate_bandwidth, args.relay)
         print(calibration_table(rows), flush=True)
         rates = [] if args.no_rates else rates_under_delay(args.relay)
         print(rates_table(rates), flush=True)
