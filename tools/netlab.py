@@ -6,12 +6,13 @@ Command line (needs root; exits with the command's status)::
     python tools/netlab.py --hosts 4 -- python -m caffe_engine train --solver S --comm ring
     python tools/netlab.py --hosts 2 --bandwidth 100mbit -- python bench.py
     python tools/netlab.py --hosts 2 --ranks-per-host 2 --inter-bandwidth 1gbit -- python b.py
+    python tools/netlab.py --hosts 8 --latency 50us -- python b.py     # 50 us one way, no netem
     python tools/netlab.py --check          # can labs be made here? one line, status 0 or 1
 
 runs ``mpiexec -n N*R COMMAND...`` with ranks 0..R-1 on host h0, R..2R-1 on h1, and so on
 (``-v`` first describes the lab on stderr). Bad flags give one line on stderr and status 2; a
-missing ``mpiexec``, no netem for a delay, or a machine where namespaces cannot be made (not
-root) one line and status 1. Ctrl-C, SIGTERM or SIGHUP stops mpiexec, tears the lab down and
+missing ``mpiexec``, a loopback delay (``--latency`` with ``--inter-*``) on a kernel without
+netem, or a machine where namespaces cannot be made (not root) one line and status 1. Ctrl-C, SIGTERM or SIGHUP stops mpiexec, tears the lab down and
 exits with 128 + the signal's number.
 
 API (from tests and benchmarks; load this file by path, as tests/tools/test_netlab.py does)::
@@ -39,7 +40,9 @@ What a lab is
 * One switch: a namespace ``cel<pid>-<n>-sw`` holding a bridge (``br0``, address 198.18.0.1).
   ``mpiexec`` runs there, so its ranks' proxies reach it over the links (``-iface br0``).
 * N hosts: namespaces ``cel<pid>-<n>-h<i>``, each with loopback and ``eth0`` at 198.18.0.(2+i)/24,
-  the far end of a veth pair whose near end (``h<i>``) is a port of the bridge. Every process
+  the far end of a veth pair whose near end (``h<i>``) is a port of the bridge. With a delay on
+  the host links the switch is the relay instead (below): ``eth0`` and the switch's ``br0`` are
+  then TUN devices, same names and addresses. Every process
   started in a host (by mpiexec or :meth:`Lab.run_in`) has its own hostname ``h<i>`` (a UTS
   namespace; ``MPI.Get_processor_name()`` and ``socket.gethostname()`` say ``h<i>``) and
   ``CAFFE_NODE=h<i>`` in its environment (the caller's own ``CAFFE_NODE`` is not passed on), so a
@@ -48,7 +51,7 @@ What a lab is
   inside the lab's own namespaces: the machine's own namespace gets no address, route, link or
   qdisc, and nothing is sent anywhere else. IPv6 is switched off inside the lab.
 * Teardown (``with``-exit, :meth:`Lab.close`, at interpreter exit, or the CLI's signal handlers)
-  kills what still runs inside the lab's namespaces and deletes them, which deletes their links and
+  stops the relay (if any), kills what still runs inside the lab's namespaces and deletes them, which deletes their links and
   the bridge, and removes its folder in ``$TMPDIR`` (the launcher script). A lab left by a killed
   process (``kill -9``) is deleted by the next lab made on the machine (namespace and folder names
   carry the pid that made them: ``cel<pid>-...``, ``netlab<pid>-...``).
@@ -58,8 +61,21 @@ What each value shapes
 A host's link to the switch is the veth pair. Its rate is a token bucket (tc ``tbf``) on the
 egress of *both* ends, so each direction is limited separately (full duplex): host -> switch on
 the host's ``eth0``, switch -> host on the bridge port (several hosts sending to one are held to
-that host's rate, as by a real switch port). A delay is tc ``netem`` on the host's ``eth0`` only:
-it is the one-way delay from that host to any other (round trip host-to-host = 2 x delay).
+that host's rate, as by a real switch port).
+
+A delay on the host links (``latency``, or ``inter_latency`` in the nodes topology) is the one-way
+delay from any host to any other (round trip host-to-host = 2 x delay). This kernel has no netem,
+so it is made in user space, always (netem is not used for host links even where the kernel has
+it: one mechanism, calibrated here): each host's ``eth0`` is a TUN device (IPv4, no ARP; TCP's 64
+KiB GSO packets pass whole, ``IFF_VNET_HDR``) held by one relay process (tools/netlab_relay.c,
+compiled with the system ``cc`` into the lab's folder at start; tools/netlab_relay.py where there
+is no compiler), started in the switch's namespace, which also holds the switch's ``br0``. The
+relay forwards each packet to the device of its destination address at read time + delay (less
+its own measured cost, :data:`RELAY_OVERHEAD_S`), FIFO per output port, through a token bucket
+per output port at the link rate with tbf's burst and queue (so several senders into one host
+are held to its rate, as the bridge port's tbf does); tbf stays on each host's ``eth0``. It runs
+SCHED_FIFO (MPI ranks busy-poll every core) and wakes :data:`RELAY_WAKE_S` before a packet's time
+to spin the rest (a timer here fires 20-30 us late). It exits when the lab closes (its stdin).
 
 * One switch (no ``inter_*``): ``bandwidth`` (default 1 Gbit/s) and ``latency`` shape every
   host's link. Ranks of one host (``ranks_per_host`` > 1) talk through MPICH's shared memory,
@@ -68,8 +84,9 @@ it is the one-way delay from that host to any other (round trip host-to-host = 2
   ``inter_bandwidth``/``inter_latency`` (a missing one: unshaped); ``bandwidth``/``latency`` shape
   the intra-node link (default: unshaped), the loopback inside each host, over which that host's
   ranks then talk TCP too (``MPIR_CVAR_NOLOCAL=1``; each rank is then its own
-  ``MPI_COMM_TYPE_SHARED`` group: group by ``CAFFE_NODE`` instead). A loopback delay is added once
-  per packet: one way between two ranks of a host.
+  ``MPI_COMM_TYPE_SHARED`` group: group by ``CAFFE_NODE`` instead). A loopback delay is tc
+  ``netem`` on ``lo`` (once per packet: one way between two ranks of a host) and needs the
+  kernel's netem: without it (this kernel) the lab is refused with a one-line NetlabError.
 
 The token bucket holds ``max(rate x 4 ms, 128 KiB)``: below that burst a transfer goes faster than
 the rate (smaller buckets lost 10-30 % of 1 Gbit/s here). Rates count whole frames (headers
@@ -97,9 +114,9 @@ Measured here (2 cores shared with other work, load 2-4; kernel 6.18; MPICH 5.0.
 * Nodes, 2 hosts x 2 ranks, intra 2 Gbit/s, inter 500 Mbit/s: one stream 1.99 Gbit/s on a
   loopback, 471 Mbit/s between hosts; a 32 MiB allreduce at P = 4, 1.02 s.
 * Set-up 0.15-0.35 s, teardown 0.05 s (2 hosts).
-* This kernel has no ``sch_netem`` (CONFIG_NET_SCH_NETEM unset): a lab asked for a delay raises
-  :class:`NetlabError` saying so, and the delay path (netem with tbf as its child, tc's documented
-  recipe) is untested here.
+* This kernel has no ``sch_netem`` (CONFIG_NET_SCH_NETEM unset): host-link delays are the relay's
+  (calibrated by tools/latency_check.py: docs/scaling.md, "Latency on the links"); a loopback
+  delay raises :class:`NetlabError` saying so, its netem path is untested here.
 """
 import argparse
 import atexit
@@ -131,14 +148,15 @@ QUEUE_S = 0.025
 #: netem's queue, packets (netem only delays the loopback, where the kernel has it).
 NETEM_LIMIT = 10000
 #: The delay relay (a lab with a delay on its host links): its C source (compiled into the lab's
-#: folder with the system ``cc``), its Python fallback, and the MTU of the TUN devices it serves
-#: (no segmentation offload on a TUN: large packets keep 1 Gbit/s at ~2000 packets/s).
+#: folder with the system ``cc``), its Python fallback, and the MTU of the TUN devices it serves:
+#: Ethernet's, as the veth lab's (TCP's segments and windows alike); the TUN devices take TCP's
+#: 64 KiB GSO packets whole (IFF_VNET_HDR), so 1 Gbit/s is still ~2000 reads/s.
 RELAY_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_relay.c")
 RELAY_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_relay.py")
-RELAY_MTU = 64000
+RELAY_MTU = 1500
 #: Seconds the relay itself adds one way (TUN, wake-up, copies) over the veth lab at delay 0,
 #: taken off the hold so a set delay is the added delay (tools/latency_check.py measures it).
-RELAY_OVERHEAD_S = {"c": 0.0, "python": 0.0}
+RELAY_OVERHEAD_S = {"c": 10e-6, "python": 20e-6}
 #: The relay wakes this many seconds before a packet's time and spins the rest: a timer here
 #: fires 20-30 us late (median; a VM's idle vCPU).
 RELAY_WAKE_S = 40e-6
@@ -388,6 +406,8 @@ class Lab:
         #: The relay's process (a lab with a delay on its host links), and its exit report.
         self.relay_process = None
         self.relay_report = ""
+        #: ``"c"`` or ``"python"``: the relay program this lab runs (None: no relay).
+        self.relay_kind = None
         self.hosts = []
         self.switch = None
         self._namespaces = []
@@ -506,6 +526,7 @@ class Lab:
         """Start the relay in the switch's namespace; it makes the TUN devices, then says
         ``ready``. Its hold is the delay less its own measured cost."""
         program, kind = self._relay_argv()
+        self.relay_kind = kind
         overhead = RELAY_OVERHEAD_S[kind] if self.relay_overhead is None else self.relay_overhead
         hold = max(self.link_latency - overhead, 0.0)
         rate = self.link_rate or 0
@@ -705,12 +726,13 @@ exec "$@" /bin/sh -c "$command"
     def describe(self):
         """One line: the hosts, ranks and what shapes their links."""
         ranks = f"{self.n_hosts} hosts x {self.ranks_per_host} ranks"
+        by = f" (the {self.relay_kind} relay)" if self.relay_kind else ""
         if self.nodes:
             return (f"{ranks}: host links (inter-node) {format_rate(self.inter_bandwidth)},"
-                    f" {format_time(self.inter_latency)}; intra-node (loopback, TCP)"
+                    f" {format_time(self.inter_latency)}{by}; intra-node (loopback, TCP)"
                     f" {format_rate(self.bandwidth)}, {format_time(self.latency)}")
         return (f"{ranks}: host links {format_rate(self.bandwidth)},"
-                f" {format_time(self.latency)}; a host's ranks share memory")
+                f" {format_time(self.latency)}{by}; a host's ranks share memory")
 
 
 _RECEIVER = """
@@ -830,9 +852,12 @@ def build_parser():
     p.add_argument("--bandwidth", default="default",
                    help="host links' rate, default 1gbit; with --inter-*: the intra-node link's,"
                         " default unshaped; none: unshaped")
-    p.add_argument("--latency", default=None, help="one-way delay added on the same links")
+    p.add_argument("--latency", default=None,
+                   help="one-way delay added on the same links (host links: the relay, no netem"
+                        " needed; the loopback: netem)")
     p.add_argument("--inter-bandwidth", default=None, help="nodes topology: host links' rate")
-    p.add_argument("--inter-latency", default=None, help="nodes topology: host links' delay")
+    p.add_argument("--inter-latency", default=None,
+                   help="nodes topology: host links' delay (the relay)")
     p.add_argument("--mpiexec", default=None, help="MPICH hydra's mpiexec (default: the venv's)")
     p.add_argument("--verbose", "-v", action="store_true", help="describe the lab on stderr")
     p.add_argument("--check", action="store_true",

@@ -278,3 +278,113 @@ while True:
         break
     c.sendall(b)
 """
+
+
+# -- a delay on the host links: the relay (tools/netlab_relay.c, no netem needed) ---------------
+RELAY_SPEC = importlib.util.spec_from_file_location("netlab_relay",
+                                                    ROOT / "tools" / "netlab_relay.py")
+relay_py = importlib.util.module_from_spec(RELAY_SPEC)
+RELAY_SPEC.loader.exec_module(relay_py)
+CHECK_SPEC = importlib.util.spec_from_file_location("latency_check",
+                                                    ROOT / "tools" / "latency_check.py")
+latency_check = importlib.util.module_from_spec(CHECK_SPEC)
+CHECK_SPEC.loader.exec_module(latency_check)
+
+
+def test_relay_counts_a_gso_packets_headers_once_per_segment():
+    # virtio_net_hdr: flags, gso_type TCPV4 (1), hdr_len 52, gso_size 1448; then the packet.
+    header = bytes([0, 1, 52, 0, 0xA8, 0x05, 0, 0, 0, 0])
+    packet = header + bytes(52 + 3 * 1448 - 100)           # 3 segments, the last one short
+    assert relay_py.wire_bytes(packet) == 52 + 3 * 1448 - 100 + 2 * 52
+    plain = bytes(10) + bytes(60)                           # gso_type NONE: as it is
+    assert relay_py.wire_bytes(plain) == 60
+
+
+@needs_lab
+@pytest.mark.parametrize("relay", ["c", "python"])
+def test_delay_shows_in_a_ping_pong(relay):
+    if relay == "c" and not shutil.which("cc"):
+        pytest.skip("no C compiler: the Python relay serves")
+    with netlab.Lab(hosts=2, bandwidth=None) as lab:
+        base = latency_check.tcp_pingpong(lab, sizes=(8,), reps=200)["8"]
+    with netlab.Lab(hosts=2, bandwidth=None, latency="300us", relay=relay) as lab:
+        assert lab.relay_process is not None and lab.relay_process.poll() is None
+        delayed = latency_check.tcp_pingpong(lab, sizes=(8,), reps=200)["8"]
+    one_way = (delayed - base) / 2
+    assert 0.85 * 300e-6 < one_way < 1.2 * 300e-6, f"one way {one_way * 1e6:.1f} us"
+
+
+@needs_lab
+def test_rate_holds_with_a_delay():
+    with netlab.Lab(hosts=2, bandwidth="100mbit", latency="500us") as lab:
+        for src, dst in (("h0", "h1"), ("h1", "h0")):
+            rate = lab.throughput(src, dst, seconds=1.0)
+            assert 0.80e8 < rate < 1.03e8, f"{src} -> {dst}: {rate / 1e6:.1f} Mbit/s"
+
+
+@needs_lab
+def test_many_to_one_is_held_to_the_port_rate():
+    with netlab.Lab(hosts=3, bandwidth="100mbit", latency="200us") as lab:
+        far = lab.hosts[2]
+        receivers = [lab.popen_in(far, [sys.executable, "-c", netlab._RECEIVER, far.address],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        ports = [r.stdout.readline().strip() for r in receivers]
+        senders = [lab.popen_in(h, [sys.executable, "-c", netlab._SENDER, far.address, port,
+                                    str(12_500_000)]) for h, port in zip(("h0", "h1"), ports)]
+        for s in senders:
+            s.wait(timeout=60)
+        got = [r.communicate(timeout=60)[0].split() for r in receivers]
+    total = sum(int(b) * 8 / float(t) for b, t in got)
+    assert total < 1.06e8, f"two senders into one 100 Mbit/s port: {total / 1e6:.1f} Mbit/s"
+
+
+@needs_lab
+def test_teardown_stops_the_relay_and_leaves_nothing():
+    with pytest.raises(RuntimeError, match="inside"):
+        with netlab.Lab(hosts=2, latency="50us") as lab:
+            relay = lab.relay_process
+            names = [lab.switch] + [h.netns for h in lab.hosts]
+            devices = subprocess.run(["ip", "-n", lab.hosts[0].netns, "-d", "link", "show",
+                                      "eth0"], capture_output=True, text=True).stdout
+            assert "tun" in devices
+            raise RuntimeError("inside the lab")
+    assert relay.poll() is not None and not netlab._pid_alive(relay.pid)
+    assert lab.relay_process is None and "dropped" in lab.relay_report
+    assert not set(names) & set(netlab._netns_list())
+    assert ours() == []
+
+
+@needs_lab
+def test_a_loopback_delay_needs_netem_and_says_so():
+    try:
+        lab = netlab.Lab(hosts=1, ranks_per_host=2, latency="50us", inter_bandwidth="1gbit")
+        lab.start()
+    except netlab.NetlabError as exc:
+        assert "netem" in str(exc) and "--inter-latency" in str(exc) and "\n" not in str(exc)
+        assert ours() == []
+        return
+    lab.close()                                 # a kernel with netem delays the loopback
+
+
+PINGPONG_BAR = """
+import sys
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+t = MPI.Wtime()
+for _ in range(50):
+    if world.rank == 0:
+        world.send(b"x", 1); world.recv(source=1)
+    else:
+        world.recv(source=0); world.send(b"x", 0)
+rtt = (MPI.Wtime() - t) / 50
+assert world.allreduce(1) == 2
+sys.exit(0 if rtt > 2 * 50e-6 else 3)           # the delay is there, both ways
+"""
+
+
+@needs_lab
+@needs_mpi
+def test_cli_latency_runs_mpi_bar_style():
+    done = subprocess.run(TOOL + ["--hosts", "2", "--latency", "50us", "--", sys.executable,
+                                  "-c", PINGPONG_BAR], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
