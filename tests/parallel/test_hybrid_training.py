@@ -137,6 +137,21 @@ def test_hybrid_training_equals_one_process_for_every_group(world, make, source,
             numpy.testing.assert_allclose(got_test[name], value, rtol=1e-4, atol=1e-5)
 
 
+def test_auto_picks_a_group_per_layer_and_equals_one_process(world, make, source):
+    """``auto``: the balance equations choose each layer's G (rank 0's choice, the same on
+    every rank); whatever they choose, the run equals one process."""
+    ref = get_solver(solver_param(source, TOTAL_BATCH))
+    ref.step(6)
+    par = hybrid_solver(make, source, "auto", "flag")
+    groups = [layer.model_parallel.size if layer.model_parallel is not None else 1
+              for layer in par.net.layers if layer.type == "InnerProduct"]
+    assert all(_size(world) % g == 0 for g in groups)
+    if world is not None:
+        assert world.allgather(groups) == [groups] * _size(world)
+    par.step(6)
+    assert_weights_close(full_weights(par.net), full_weights(ref.net))
+
+
 def _snapshot_groups(size):
     """(G written, G resumed) at this P: written at 2 when P is even, else at P; resumed at
     another divisor."""
@@ -256,3 +271,46 @@ def test_layer_field_that_does_not_divide_p_is_one_line(tmp_path, tiny_lmdb):
     assert done.returncode != 0
     assert "layer 'ip1': inner_product_param.parallel: group size 3 does not divide the 2 " \
            "ranks of this run" in done.stderr, done.stderr
+
+
+CLI_SOLVER = """
+net: "net.prototxt"
+base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
+max_iter: 4 display: 1 average_loss: 1 random_seed: 1701
+test_iter: 2 test_interval: 2 snapshot: 2 snapshot_prefix: "%(prefix)s"
+snapshot_format: %(format)s
+"""
+
+
+@needs_launcher
+def test_cli_hybrid_run_tests_snapshots_and_resumes_exactly_with_another_g(tmp_path, tiny_lmdb):
+    """``mpiexec -n 2 caffe train --fc_parallel 2 --exact_resume``: every rank tests, rank 0
+    snapshots full blobs; resumed at G = 1 (data parallel) from iteration 2 it ends where the
+    uninterrupted hybrid run ends (within float32 reordering)."""
+    src = tiny_lmdb(seed=5, num_records=60)
+    net = solver_param(src, 6).net_param
+    (tmp_path / "net.prototxt").write_text(text_format.MessageToString(net))
+    for name, fmt in (("a", "BINARYPROTO"), ("b", "BINARYPROTO"), ("h", "HDF5")):
+        (tmp_path / f"{name}.prototxt").write_text(CLI_SOLVER % {"prefix": name, "format": fmt})
+    done = _caffe(["train", "--solver", "a.prototxt", "--fc_parallel", "2", "--exact_resume"],
+                  ranks=2, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hybrid (PCL-DNN) layers: ip1 G=2, ip2 G=2" in done.stderr
+    assert "Test net output #1: accuracy = " in done.stderr
+    resumed = _caffe(["train", "--solver", "b.prototxt", "--fc_parallel", "data",
+                      "--exact_resume", "--snapshot", "a_iter_2.solverstate"],
+                     ranks=2, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    plain = Net(net, TRAIN)
+    plain.copy_from(str(tmp_path / "a_iter_4.caffemodel"))
+    want = full_weights(plain)
+    plain.copy_from(str(tmp_path / "b_iter_4.caffemodel"))
+    assert_weights_close(full_weights(plain), want)
+    # HDF5 snapshots of a hybrid run are full blobs too; another P refuses an exact resume.
+    done = _caffe(["train", "--solver", "h.prototxt", "--fc_parallel", "2"], ranks=2,
+                  cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain.copy_from(str(tmp_path / "h_iter_4.caffemodel.h5"))
+    other = _caffe(["train", "--solver", "b.prototxt", "--exact_resume", "--snapshot",
+                    "a_iter_2.solverstate"], cwd=tmp_path)
+    assert "written by 2 process(es), this run has 1" in _one_error_line(other)
