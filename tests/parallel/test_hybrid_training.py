@@ -54,7 +54,7 @@ SOLVER = """
 base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
 max_iter: 1000 display: 0 average_loss: 1 random_seed: 1701
 test_iter: 5 test_interval: 100000 test_initialization: false
-snapshot_after_train: false
+snapshot_after_train: false iter_size: %(iter_size)d
 """
 
 
@@ -71,9 +71,9 @@ def source(tiny_lmdb):
     return tiny_lmdb(seed=29, num_records=60)
 
 
-def solver_param(source, batch, parallel=None, prefix=None):
+def solver_param(source, batch, parallel=None, prefix=None, iter_size=1):
     """The solver; ``parallel``: the layers' ``parallel`` field (None: left at its default)."""
-    param = text_format.Parse(SOLVER, caffe_pb2.SolverParameter())
+    param = text_format.Parse(SOLVER % {"iter_size": iter_size}, caffe_pb2.SolverParameter())
     field = f'parallel: "{parallel}"' if parallel is not None else ""
     text_format.Parse(HYBRID_NET % {"source": source, "batch": batch, "parallel": field},
                       param.net_param)
@@ -101,16 +101,16 @@ def assert_weights_close(got, want, tol=1e-4):
             numpy.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
 
 
-def hybrid_solver(make, source, group, how, prefix=None):
+def hybrid_solver(make, source, group, how, prefix=None, iter_size=1):
     """A data-parallel solver of this world with hybrid group size ``group``, declared in the
     prototxt (``how`` "field") or by the ``fc_parallel`` argument (``how`` "flag")."""
     comm = make("tree")
     batch = TOTAL_BATCH // comm.size
     if how == "field":
-        return get_solver(solver_param(source, batch, str(group), prefix), comm=comm,
+        return get_solver(solver_param(source, batch, str(group), prefix, iter_size), comm=comm,
                           bucket_mb=0.001, debug_sync=True)
-    return get_solver(solver_param(source, batch, None, prefix), comm=comm, bucket_mb=0.001,
-                      debug_sync=True, fc_parallel=group)
+    return get_solver(solver_param(source, batch, None, prefix, iter_size), comm=comm,
+                      bucket_mb=0.001, debug_sync=True, fc_parallel=group)
 
 
 @pytest.mark.parametrize("how", ["field", "flag"])
@@ -149,6 +149,16 @@ def test_auto_picks_a_group_per_layer_and_equals_one_process(world, make, source
     if world is not None:
         assert world.allgather(groups) == [groups] * _size(world)
     par.step(6)
+    assert_weights_close(full_weights(par.net), full_weights(ref.net))
+
+
+def test_hybrid_with_iter_size_equals_one_process(world, make, source):
+    """``iter_size`` 2: the layers accumulate their slices' diffs over the passes; the
+    replicas' sum is taken once, after the last pass, as the world's."""
+    ref = get_solver(solver_param(source, TOTAL_BATCH, iter_size=2))
+    ref.step(3)
+    par = hybrid_solver(make, source, _size(world), "flag", iter_size=2)
+    par.step(3)
     assert_weights_close(full_weights(par.net), full_weights(ref.net))
 
 
