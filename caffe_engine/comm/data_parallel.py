@@ -156,9 +156,9 @@ class DataParallel:
         """Rank 0's weights everywhere, the hybrid layers sliced, the gradient buckets hooked
         on, the summary line."""
         net = solver.net
+        chosen = hybrid_train.choose_groups(net, self.comm, self.fc_parallel)
         distributed.check_same_config(self.comm, params=",".join(
-            str(tuple(b.shape)) for b in net.learnable_params))
-        chosen = hybrid_train.choose_groups(net, self.comm, self.fc_parallel)   # rank 0's
+            str(tuple(b.shape)) for b in net.learnable_params), hybrid=repr(sorted(chosen.items())))
         distributed.broadcast_params(net, self.comm)     # full blobs, before slicing
         plain = net
         if chosen:

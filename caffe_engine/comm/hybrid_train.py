@@ -117,8 +117,9 @@ def choose_groups(net, comm, override=None):
     Reads each layer's ``inner_product_param.parallel`` (default "data"), or ``override``
     (``--fc_parallel``) for every layer. ``auto``: :func:`.hybrid_cost.best_group` for the
     layer's K, N and M with the link (``CAFFE_COST_MODEL``'s file, else measured: collective)
-    and this rank's GEMM rate; rank 0's choices are everybody's. Collective when a layer is
-    ``auto``, and always through the final agreement (one allgather).
+    and this rank's GEMM rate; rank 0's choices are then everybody's (collective: the link's
+    measure and one allgather). Without ``auto`` nothing is communicated: the caller checks
+    that every rank chose alike (:func:`.distributed.check_same_config`).
 
     Args:
         net: the train Net (built, its bottoms shaped).
@@ -142,19 +143,25 @@ def choose_groups(net, comm, override=None):
             f"layer '{name}': inner_product_param.parallel"
         value = override if override is not None else layer.param.inner_product_param.parallel
         group = parse_parallel(value, where)
-        check_divides(group, size, where)
+        if size > 1 or override is not None:      # one process ignores the layers' field
+            check_divides(group, size, where)
         settings[name] = (i, group)
+    if size == 1:
+        return {}
     chosen = {}
     link = None
+    auto = any(group == "auto" for _, group in settings.values())
     for name, (i, group) in settings.items():
         if group == "auto":
-            from .hybrid_cost import best_group
+            from .hybrid_cost import best_group, divisors
             link = _link(comm) if link is None else link
             k, n, m = _layer_shape(net, i)
             group = best_group(k, n, m, size, link, comm.name, _gemm_flops(k, n, m))
-        if size > 1 and group > 1:
+            if group > n:       # a slice per rank needs N >= G
+                group = max(g for g in divisors(size) if g <= n)
+        if group > 1:
             chosen[name] = int(group)
-    return comm.allgather_object(chosen)[0] if size > 1 else {}
+    return comm.allgather_object(chosen)[0] if auto else chosen
 
 
 class ParamSubset:

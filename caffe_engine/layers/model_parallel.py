@@ -79,9 +79,8 @@ class GroupCollectives:
 
         ``blocks``: G C-contiguous float32 arrays; ``blocks[j]`` on rank i has the shape of
         ``out[i]`` on rank j. ``out``: an optional list of G C-contiguous arrays to receive
-        into (``out[rank]`` gets a copy of ``blocks[rank]``); without it the received arrays
-        are new, of the element counts sent, shaped as the local ``blocks[j]`` only when
-        the counts agree (else flat)."""
+        into (``out[rank]`` gets a copy of ``blocks[rank]``); without it, the received arrays
+        have the shapes their senders gave them."""
         raise NotImplementedError
 
     def reduce_scatter_rows(self, x, out=None):

@@ -8,6 +8,8 @@ Tolerance: tests/hybrid_ip.py (rtol 1e-5, atol 1e-5: float32 reordering).
 import numpy
 import pytest
 
+import fake_cupy
+from caffe_engine import backend
 from caffe_engine.comm.model_parallel import HybridGroups
 from caffe_engine.errors import CaffeError
 from hybrid_ip import ATOL, CASES, RTOL, assert_rows, make_ip, rank_data, reference, run_layer
@@ -62,6 +64,32 @@ def test_hybrid_equals_one_layer_on_the_whole_batch(make, group_size, case):
 def test_hybrid_skips_what_is_not_asked(make, propagate_down, lr):
     comm = make("tree")
     check_against_one_layer(comm, comm.size, "uneven", propagate_down, lr)
+
+
+def test_hybrid_on_device_arrays_stages_through_the_host(make, monkeypatch):
+    """GPU mode on the fake CuPy (tests/fake_cupy: refuses implicit host/device mixing): the
+    layer's exchanges take device arrays, the MPI group stages them through host memory."""
+    from caffe_engine.kernels.cuda.emulator import compiler_missing
+    comm = make("tree")
+    missing = compiler_missing()
+    if missing:
+        pytest.skip(missing)
+    ip, shape = CASES["transpose_axis2_uneven"]
+    fake_cupy.install(monkeypatch)
+    fake_cupy.forget_device_state()
+    assert backend.set_mode_gpu()
+    try:
+        y, dx, diffs, params = hybrid_pass(comm, comm.size, ip, shape)
+        y, dx, diffs, params = (y.get(), dx.get(), [d.get() for d in diffs],
+                                [p.get() for p in params])
+    finally:
+        backend.set_mode_cpu()
+        fake_cupy.forget_device_state()
+    want_y, want_dx, want_diffs, _ = reference(ip, shape, comm.size)
+    assert_rows(y, want_y, comm.rank, shape[0])
+    assert_rows(dx, want_dx, comm.rank, shape[0])
+    for got, want in zip(diffs, want_diffs):
+        numpy.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("name", ["ring", "ps", "mpi", "hier"])

@@ -54,7 +54,7 @@ SOLVER = """
 base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
 max_iter: 1000 display: 0 average_loss: 1 random_seed: 1701
 test_iter: 5 test_interval: 100000 test_initialization: false
-snapshot_after_train: false
+snapshot_after_train: false iter_size: %(iter_size)d
 """
 
 
@@ -71,9 +71,9 @@ def source(tiny_lmdb):
     return tiny_lmdb(seed=29, num_records=60)
 
 
-def solver_param(source, batch, parallel=None, prefix=None):
+def solver_param(source, batch, parallel=None, prefix=None, iter_size=1):
     """The solver; ``parallel``: the layers' ``parallel`` field (None: left at its default)."""
-    param = text_format.Parse(SOLVER, caffe_pb2.SolverParameter())
+    param = text_format.Parse(SOLVER % {"iter_size": iter_size}, caffe_pb2.SolverParameter())
     field = f'parallel: "{parallel}"' if parallel is not None else ""
     text_format.Parse(HYBRID_NET % {"source": source, "batch": batch, "parallel": field},
                       param.net_param)
@@ -101,16 +101,16 @@ def assert_weights_close(got, want, tol=1e-4):
             numpy.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
 
 
-def hybrid_solver(make, source, group, how, prefix=None):
+def hybrid_solver(make, source, group, how, prefix=None, iter_size=1):
     """A data-parallel solver of this world with hybrid group size ``group``, declared in the
     prototxt (``how`` "field") or by the ``fc_parallel`` argument (``how`` "flag")."""
     comm = make("tree")
     batch = TOTAL_BATCH // comm.size
     if how == "field":
-        return get_solver(solver_param(source, batch, str(group), prefix), comm=comm,
+        return get_solver(solver_param(source, batch, str(group), prefix, iter_size), comm=comm,
                           bucket_mb=0.001, debug_sync=True)
-    return get_solver(solver_param(source, batch, None, prefix), comm=comm, bucket_mb=0.001,
-                      debug_sync=True, fc_parallel=group)
+    return get_solver(solver_param(source, batch, None, prefix, iter_size), comm=comm,
+                      bucket_mb=0.001, debug_sync=True, fc_parallel=group)
 
 
 @pytest.mark.parametrize("how", ["field", "flag"])
@@ -135,6 +135,31 @@ def test_hybrid_training_equals_one_process_for_every_group(world, make, source,
         got_test = par.test(0)      # every rank tests (collective); each equals one process
         for name, value in want_test.items():
             numpy.testing.assert_allclose(got_test[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_picks_a_group_per_layer_and_equals_one_process(world, make, source):
+    """``auto``: the balance equations choose each layer's G (rank 0's choice, the same on
+    every rank); whatever they choose, the run equals one process."""
+    ref = get_solver(solver_param(source, TOTAL_BATCH))
+    ref.step(6)
+    par = hybrid_solver(make, source, "auto", "flag")
+    groups = [layer.model_parallel.size if layer.model_parallel is not None else 1
+              for layer in par.net.layers if layer.type == "InnerProduct"]
+    assert all(_size(world) % g == 0 for g in groups)
+    if world is not None:
+        assert world.allgather(groups) == [groups] * _size(world)
+    par.step(6)
+    assert_weights_close(full_weights(par.net), full_weights(ref.net))
+
+
+def test_hybrid_with_iter_size_equals_one_process(world, make, source):
+    """``iter_size`` 2: the layers accumulate their slices' diffs over the passes; the
+    replicas' sum is taken once, after the last pass, as the world's."""
+    ref = get_solver(solver_param(source, TOTAL_BATCH, iter_size=2))
+    ref.step(3)
+    par = hybrid_solver(make, source, _size(world), "flag", iter_size=2)
+    par.step(3)
+    assert_weights_close(full_weights(par.net), full_weights(ref.net))
 
 
 def _snapshot_groups(size):
@@ -256,3 +281,46 @@ def test_layer_field_that_does_not_divide_p_is_one_line(tmp_path, tiny_lmdb):
     assert done.returncode != 0
     assert "layer 'ip1': inner_product_param.parallel: group size 3 does not divide the 2 " \
            "ranks of this run" in done.stderr, done.stderr
+
+
+CLI_SOLVER = """
+net: "net.prototxt"
+base_lr: 0.1 momentum: 0.9 weight_decay: 0.001 lr_policy: "fixed"
+max_iter: 4 display: 1 average_loss: 1 random_seed: 1701
+test_iter: 2 test_interval: 2 snapshot: 2 snapshot_prefix: "%(prefix)s"
+snapshot_format: %(format)s
+"""
+
+
+@needs_launcher
+def test_cli_hybrid_run_tests_snapshots_and_resumes_exactly_with_another_g(tmp_path, tiny_lmdb):
+    """``mpiexec -n 2 caffe train --fc_parallel 2 --exact_resume``: every rank tests, rank 0
+    snapshots full blobs; resumed at G = 1 (data parallel) from iteration 2 it ends where the
+    uninterrupted hybrid run ends (within float32 reordering)."""
+    src = tiny_lmdb(seed=5, num_records=60)
+    net = solver_param(src, 6).net_param
+    (tmp_path / "net.prototxt").write_text(text_format.MessageToString(net))
+    for name, fmt in (("a", "BINARYPROTO"), ("b", "BINARYPROTO"), ("h", "HDF5")):
+        (tmp_path / f"{name}.prototxt").write_text(CLI_SOLVER % {"prefix": name, "format": fmt})
+    done = _caffe(["train", "--solver", "a.prototxt", "--fc_parallel", "2", "--exact_resume"],
+                  ranks=2, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hybrid (PCL-DNN) layers: ip1 G=2, ip2 G=2" in done.stderr
+    assert "Test net output #1: accuracy = " in done.stderr
+    resumed = _caffe(["train", "--solver", "b.prototxt", "--fc_parallel", "data",
+                      "--exact_resume", "--snapshot", "a_iter_2.solverstate"],
+                     ranks=2, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    plain = Net(net, TRAIN)
+    plain.copy_from(str(tmp_path / "a_iter_4.caffemodel"))
+    want = full_weights(plain)
+    plain.copy_from(str(tmp_path / "b_iter_4.caffemodel"))
+    assert_weights_close(full_weights(plain), want)
+    # HDF5 snapshots of a hybrid run are full blobs too; another P refuses an exact resume.
+    done = _caffe(["train", "--solver", "h.prototxt", "--fc_parallel", "2"], ranks=2,
+                  cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain.copy_from(str(tmp_path / "h_iter_4.caffemodel.h5"))
+    other = _caffe(["train", "--solver", "b.prototxt", "--exact_resume", "--snapshot",
+                    "a_iter_2.solverstate"], cwd=tmp_path)
+    assert "written by 2 process(es), this run has 1" in _one_error_line(other)
