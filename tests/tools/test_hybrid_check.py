@@ -138,10 +138,10 @@ def test_quick_grid_on_emulated_hosts(tmp_path):
     runs = {r["key"]: r for r in hc.load_results(str(tmp_path / "results.json"))["runs"]}
     assert set(runs) == {"caffenet|P1|data|None|None", "caffenet|P2|data|1gbit|none",
                          "caffenet|P2|2|1gbit|none"}
-    assert not [r["error"] for r in runs.values() if "error" in r]
+    assert not [r["error"] for r in runs.values() if "error" in r], runs
     data, hybrid = runs["caffenet|P2|data|1gbit|none"], runs["caffenet|P2|2|1gbit|none"]
     # Data parallel: the ring's 2 (P - 1) / P |W| = 244 MB of payload; hybrid: about 10 MB.
-    assert 0.95 < data["wire_bytes_max"] / data["predicted_sent_bytes"] < 1.2
-    assert hybrid["wire_bytes_max"] < data["wire_bytes_max"] / 10
+    assert 0.95 < data["wire_bytes_max"] / data["predicted_sent_bytes"] < 1.2, data
+    assert hybrid["wire_bytes_max"] < data["wire_bytes_max"] / 10, (data, hybrid)
     assert hybrid["hybrid_layers"] == "fc6 G=2, fc7 G=2, fc8_oxford_102 G=2"
     assert (tmp_path / "table.md").exists() and (tmp_path / "plot.png").exists()
