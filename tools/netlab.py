@@ -156,7 +156,7 @@ RELAY_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_rela
 RELAY_MTU = 1500
 #: Seconds the relay itself adds one way (TUN, wake-up, copies) over the veth lab at delay 0,
 #: taken off the hold so a set delay is the added delay (tools/latency_check.py measures it).
-RELAY_OVERHEAD_S = {"c": 10e-6, "python": 20e-6}
+RELAY_OVERHEAD_S = {"c": 12e-6, "python": 20e-6}
 #: The relay wakes this many seconds before a packet's time and spins the rest: a timer here
 #: fires 20-30 us late (median; a VM's idle vCPU).
 RELAY_WAKE_S = 40e-6
