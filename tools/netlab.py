@@ -114,6 +114,13 @@ Measured here (2 cores shared with other work, load 2-4; kernel 6.18; MPICH 5.0.
 * Nodes, 2 hosts x 2 ranks, intra 2 Gbit/s, inter 500 Mbit/s: one stream 1.99 Gbit/s on a
   loopback, 471 Mbit/s between hosts; a 32 MiB allreduce at P = 4, 1.02 s.
 * Set-up 0.15-0.35 s, teardown 0.05 s (2 hosts).
+* A delay (the relay; tools/latency_check.py, load 4-5): an MPI ping-pong of 8 B between two
+  hosts gains 50.9, 208, 543 and 2046 us one way at 50 us, 200 us, 500 us and 2 ms set (within
+  10 %); the relay's own cost before compensation, 12-16 us one way (MPI 8 B). Rates hold: one
+  TCP stream at 1 Gbit/s and 500 us, 952 Mbit/s; at 100 Mbit/s, 97 Mbit/s. 8 hosts all sending at
+  once on 1 Gbit/s: 7.27 Gbit/s summed through the C relay (veth lab 6.86, Python relay 4.27);
+  unshaped, ~14 Gbit/s (CPU-bound). 8 hosts with a delay: set-up 0.2-0.3 s (compiling the
+  relay included), teardown 0.3 s.
 * This kernel has no ``sch_netem`` (CONFIG_NET_SCH_NETEM unset): host-link delays are the relay's
   (calibrated by tools/latency_check.py: docs/scaling.md, "Latency on the links"); a loopback
   delay raises :class:`NetlabError` saying so, its netem path is untested here.
