@@ -517,7 +517,8 @@ class Lab:
             _shape(host.netns, "eth0", self.link_rate)
 
     def _relay_argv(self):
-        """The relay's program: ``(argv, "c" or "python")``, compiling the C one if asked."""
+        """The relay's program: ``(argv, "c" or "python")``, compiling the C one if asked (with
+        ``"auto"``, the Python one where there is no ``cc`` or it fails)."""
         kind = self.relay
         if kind == "auto":
             kind = "c" if shutil.which("cc") else "python"
@@ -526,7 +527,9 @@ class Lab:
         if not shutil.which("cc"):
             raise NetlabError("relay='c' needs a C compiler (`cc` on PATH); use relay='python'")
         program = os.path.join(self._dir, "netlab_relay")
-        _run(["cc", "-O2", "-o", program, RELAY_C])
+        done = _run(["cc", "-O2", "-o", program, RELAY_C], check=self.relay == "c")
+        if done.returncode != 0:                        # auto: the Python relay serves
+            return [sys.executable, RELAY_PY], "python"
         return [program], kind
 
     def _start_relay(self):
