@@ -12,8 +12,8 @@ Command line (needs root; exits with the command's status)::
 runs ``mpiexec -n N*R COMMAND...`` with ranks 0..R-1 on host h0, R..2R-1 on h1, and so on
 (``-v`` first describes the lab on stderr). Bad flags give one line on stderr and status 2; a
 missing ``mpiexec``, a loopback delay (``--latency`` with ``--inter-*``) on a kernel without
-netem, or a machine where namespaces cannot be made (not root) one line and status 1. Ctrl-C, SIGTERM or SIGHUP stops mpiexec, tears the lab down and
-exits with 128 + the signal's number.
+netem, or a machine where namespaces cannot be made (not root) one line and status 1. Ctrl-C,
+SIGTERM or SIGHUP stops mpiexec, tears the lab down and exits with 128 + the signal's number.
 
 API (from tests and benchmarks; load this file by path, as tests/tools/test_netlab.py does)::
 
@@ -42,19 +42,20 @@ What a lab is
 * N hosts: namespaces ``cel<pid>-<n>-h<i>``, each with loopback and ``eth0`` at 198.18.0.(2+i)/24,
   the far end of a veth pair whose near end (``h<i>``) is a port of the bridge. With a delay on
   the host links the switch is the relay instead (below): ``eth0`` and the switch's ``br0`` are
-  then TUN devices, same names and addresses. Every process
-  started in a host (by mpiexec or :meth:`Lab.run_in`) has its own hostname ``h<i>`` (a UTS
-  namespace; ``MPI.Get_processor_name()`` and ``socket.gethostname()`` say ``h<i>``) and
+  then TUN devices, same names and addresses. Every process started in a host (by mpiexec or
+  :meth:`Lab.run_in`) has its own hostname ``h<i>`` (a UTS namespace;
+  ``MPI.Get_processor_name()`` and ``socket.gethostname()`` say ``h<i>``) and
   ``CAFFE_NODE=h<i>`` in its environment (the caller's own ``CAFFE_NODE`` is not passed on), so a
   hierarchical allreduce can group ranks by node.
 * Addresses come from 198.18.0.0/15 (RFC 2544's benchmarking range) and exist only on interfaces
   inside the lab's own namespaces: the machine's own namespace gets no address, route, link or
   qdisc, and nothing is sent anywhere else. IPv6 is switched off inside the lab.
 * Teardown (``with``-exit, :meth:`Lab.close`, at interpreter exit, or the CLI's signal handlers)
-  stops the relay (if any), kills what still runs inside the lab's namespaces and deletes them, which deletes their links and
-  the bridge, and removes its folder in ``$TMPDIR`` (the launcher script). A lab left by a killed
-  process (``kill -9``) is deleted by the next lab made on the machine (namespace and folder names
-  carry the pid that made them: ``cel<pid>-...``, ``netlab<pid>-...``).
+  stops the relay (if any), kills what still runs inside the lab's namespaces and deletes them,
+  which deletes their links and the bridge, and removes its folder in ``$TMPDIR`` (the launcher
+  script, the compiled relay). A lab left by a killed process (``kill -9``) is deleted by the
+  next lab made on the machine (namespace and folder names carry the pid that made them:
+  ``cel<pid>-...``, ``netlab<pid>-...``); its relay exits by itself (its stdin closes).
 
 What each value shapes
 ----------------------
@@ -157,7 +158,7 @@ NETEM_LIMIT = 10000
 #: The delay relay (a lab with a delay on its host links): its C source (compiled into the lab's
 #: folder with the system ``cc``), its Python fallback, and the MTU of the TUN devices it serves:
 #: Ethernet's, as the veth lab's (TCP's segments and windows alike); the TUN devices take TCP's
-#: 64 KiB GSO packets whole (IFF_VNET_HDR), so 1 Gbit/s is still ~2000 reads/s.
+#: 64 KiB GSO packets whole (IFF_VNET_HDR), so 1 Gbit/s is a few thousand reads/s.
 RELAY_C = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_relay.c")
 RELAY_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netlab_relay.py")
 RELAY_MTU = 1500
