@@ -542,8 +542,8 @@ class Lab:
         hold = max(self.link_latency - overhead, 0.0)
         rate = self.link_rate or 0
         burst = max(int(rate / 8 * BURST_S), MIN_BURST)
-        ports = [f"/run/netns/{self.switch},br0,1,0"] + [
-            f"/run/netns/{h.netns},eth0,{h.address.rsplit('.', 1)[1]},{rate:.0f}"
+        ports = [f"/var/run/netns/{self.switch},br0,1,0"] + [      # iproute2's NETNS_RUN_DIR
+            f"/var/run/netns/{h.netns},eth0,{h.address.rsplit('.', 1)[1]},{rate:.0f}"
             for h in self.hosts]
         argv = (["ip", "netns", "exec", self.switch] + program
                 + [f"{hold * 1e9:.0f}", str(burst), f"{QUEUE_S * 1e9:.0f}",
