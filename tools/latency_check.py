@@ -78,14 +78,30 @@ def _niced(argv):
     return ["nice", "-n", str(NICE)] + list(argv) if NICE is not None else list(argv)
 
 
+#: MPICH's network module for the MPI ping-pong (``--netmod``): None, MPICH's default (ucx).
+NETMOD = None
+#: TCP congestion control inside the hosts (``--tcp-cc``; a namespace allows reno or bbr):
+#: None keeps the machine's (bbr here, which paces a 64 KiB message out over ~1/3 of a round
+#: trip once its bandwidth estimate comes from an app-limited ping-pong).
+TCP_CC = None
+
+
+def _set_tcp_cc(lab):
+    for host in lab.hosts if TCP_CC else []:
+        lab.run_in(host, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={TCP_CC}"],
+                   check=True)
+
+
 def pingpong(lab, sizes=(8, 65536), reps=300, stream=0, timeout=300):
     """Median round trip (seconds) per message size between h0 and h1 of ``lab`` (two hosts,
     one rank each), and with ``stream`` > 0 the bits/s of ``stream`` 4 MiB messages one way."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(PINGPONG)
+    env = dict(os.environ, MPIR_CVAR_CH4_NETMOD=NETMOD) if NETMOD else None
     try:
         done = lab.mpiexec(_niced([sys.executable, f.name, ",".join(map(str, sizes)), str(reps),
-                                   str(stream)]), timeout=timeout, capture_output=True, text=True)
+                                   str(stream)]), env=env, timeout=timeout, capture_output=True,
+                           text=True)
     finally:
         os.unlink(f.name)
     if done.returncode != 0:
@@ -154,6 +170,7 @@ def calibrate(delays, reps, rounds=1, rate=None, relay="auto", sizes=(8, 65536))
         for label, delay, overhead in cases:
             with netlab.Lab(hosts=2, bandwidth=rate, latency=delay or None, relay=relay,
                             relay_overhead=overhead) as lab:
+                _set_tcp_cc(lab)
                 rtt = {f"mpi {k}": v for k, v in pingpong(lab, sizes, reps=reps).items()}
                 rtt.update((f"tcp {k}", v) for k, v in tcp_pingpong(lab, sizes, reps).items())
             samples[label].append(rtt)
@@ -261,13 +278,15 @@ def rates_table(rows):
 
 
 def aggregate_table(rows):
-    """Markdown: hosts, mechanism, summed rate, relay CPU."""
-    lines = ["| hosts | mechanism | sum of streams | per host (min-max) | relay CPU |",
-             "|---|---|---|---|---|"]
+    """Markdown: hosts, mechanism, summed rate (each receiver's own), bytes over wall time (from
+    starting the senders to the last one done), relay CPU."""
+    lines = ["| hosts | mechanism | sum of streams | all bytes / wall time | per host (min-max)"
+             " | relay CPU |", "|---|---|---|---|---|---|"]
     for r in rows:
         per = r["per_host_bits_per_s"]
         cpu = "" if r["relay_cpu_s"] is None else f"{r['relay_cpu_s']:.2f} s"
         lines.append(f"| {r['hosts']} | {r['mechanism']} | {r['sum_bits_per_s'] / 1e9:.2f} Gbit/s"
+                     f" | {r['wall_bits_per_s'] / 1e9:.2f} Gbit/s"
                      f" | {min(per) / 1e6:.0f}-{max(per) / 1e6:.0f} Mbit/s | {cpu} |")
     return "\n".join(lines)
 
@@ -304,14 +323,19 @@ def main(argv=None):
     p.add_argument("--nice", type=int, default=None,
                    help="run the ping-pongs' processes at this niceness (e.g. -10 on a busy"
                         " machine: ranks busy-poll)")
+    p.add_argument("--netmod", choices=("ucx", "ofi"), default=None,
+                   help="MPICH's network module for the MPI ping-pong (default: MPICH's)")
+    p.add_argument("--tcp-cc", choices=("bbr", "reno"), default=None,
+                   help="TCP congestion control in the hosts (default: the machine's)")
     args = p.parse_args(argv)
-    global NICE
-    NICE = args.nice
+    global NICE, NETMOD, TCP_CC
+    NICE, NETMOD, TCP_CC = args.nice, args.netmod, args.tcp_cc
     ok, why = netlab.available()
     if not ok:
         print(f"latency_check: {why}", file=sys.stderr)
         return 1
-    meta = {"command": " ".join(["python", "tools/latency_check.py"] + sys.argv[1:]),
+    meta = {"command": " ".join(["python", "tools/latency_check.py"]
+                                + (sys.argv[1:] if argv is None else list(argv))),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if args.calibrate:

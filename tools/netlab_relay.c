@@ -8,15 +8,18 @@
  *     PORT = NETNS_PATH,IFNAME,OCTET,RATE
  *
  * For each PORT it enters the namespace NETNS_PATH (setns), makes the TUN device IFNAME there
- * (IFF_TUN | IFF_NO_PI: IPv4 packets, no ARP) and comes back; it prints "ready" once all exist
- * (netlab then gives them addresses, MTU and tbf). Then it forwards every IPv4 packet read from a
+ * (IFF_TUN | IFF_NO_PI: IPv4 packets, no ARP; IFF_VNET_HDR with checksum and TSO offloads, so
+ * TCP's 64 KiB GSO packets and their unchecked checksums cross whole, as on a veth) and comes
+ * back; it prints "ready" once all exist (netlab then gives them addresses, MTU and tbf). Then it forwards every IPv4 packet read from a
  * port to the port whose OCTET is the last byte of the packet's destination (others are dropped),
  * releasing it at
  *
  *     ready = read time + HOLD_NS                                 (the delay, less the relay's
  *                                                                 own cost: netlab compensates)
  *     send  = max(ready, tat + (len - BURST_BYTES) / RATE)        (a token bucket per output
- *     tat   = max(tat, send) + len / RATE                          port, tbf's, as GCRA)
+ *     tat   = max(tat, send) + len / RATE                          port, tbf's, as GCRA; len
+ *                                                                 counts a GSO packet's
+ *                                                                 headers once per segment)
  *
  * in FIFO order per output port, so senders into one host are held to its RATE (bits/s; 0:
  * unshaped) as a switch port is. A packet that would wait more than QUEUE_NS for its port is
@@ -25,8 +28,8 @@
  * microseconds of spinning per wake-up instead of the timer's lateness (not with more than
  * SPIN_MAX_PENDING packets queued: bulk traffic, where a spinning relay would take a core). With
  * FIFO_PRIORITY > 0 it runs SCHED_FIFO: its wake-ups preempt MPI ranks busy-polling every core
- * (which otherwise delayed a release by up to 5 ms here). The relay exits when its stdin closes (the lab gone) or on SIGTERM, and
- * prints its counters on stderr.
+ * (which otherwise delayed a release by up to 5 ms here). The relay exits when its stdin closes
+ * (the lab gone) or on SIGTERM, and prints its counters on stderr.
  */
 #define _GNU_SOURCE
 #include <errno.h>
