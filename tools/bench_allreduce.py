@@ -29,8 +29,9 @@ over TCP between hosts)::
 
 ``--ranks-per-host R`` alone: a host's ranks share memory and ``--bandwidth`` shapes the host
 links. With ``--inter-bandwidth`` (nodes): the host links take it, a host's ranks talk TCP over
-its loopback, shaped by ``--bandwidth`` (default unshaped). ``--latency`` needs the kernel's
-netem. Every row of results.json then records its lab (``"netlab"``: hosts, ranks per host,
+its loopback, shaped by ``--bandwidth`` (default unshaped). ``--latency`` delays the host links
+through netlab's user-space relay (no netem needed); a loopback delay (``--latency`` with
+``--inter-*``) still needs the kernel's netem. Every row of results.json then records its lab (``"netlab"``: hosts, ranks per host,
 the host links' and the intra-node rate in bits/s, ``"shm"`` for shared memory, None for
 unshaped), and ``"labs"`` what each lab measured before the run: one TCP stream h0 -> h1 (and
 the loopback), and during it the machine's busy CPU share. ``--append`` merges the rows into
@@ -374,7 +375,7 @@ def parser():
                      help="MPICH's network module (MPIR_CVAR_CH4_NETMOD), both over TCP only;"
                           " default ofi: UCX's tcp transport halves an exchange in both"
                           " directions on one connection when ranks outnumber cores")
-    net.add_argument("--latency", default=None, help="one-way delay (needs netem)")
+    net.add_argument("--latency", default=None, help="one-way delay on the host links (netlab's relay)")
     net.add_argument("--inter-latency", default=None, help="nodes topology: host links' delay")
     net.add_argument("--no-measure-links", dest="measure_links", action="store_false",
                      help="skip the one-stream throughput measured in each lab")
