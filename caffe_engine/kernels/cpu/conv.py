@@ -147,12 +147,17 @@ def unpack(xt, x, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
                         x[numba.uint64(dst + w0 + sw * e)] = xt[numba.uint64(src + NB * e)]
 
 
-def pack_panels(a, out):
+def pack_panels(a, out, team=None):
     """``a`` (G, R, K) into ``out`` as the micro-kernel's packed panels (G, Rpad / MR, K, MR),
     ``Rpad = round_up(R, MR)``, zero rows after R: a panel's MR values of one k are adjacent,
-    so the micro-kernel reads its A operand as one stream."""
+    so the micro-kernel reads its A operand as one stream. ``team`` (a :class:`.team.Team`)
+    splits the panels between its threads (:func:`pack_panel_rows`); the same floats either
+    way."""
     G, R, K = a.shape
     rpad = round_up(R, MR)
+    if team is not None:
+        team.run(pack_panel_rows, a, out, parts=G * rpad // MR)
+        return out
     view = out[:G * rpad * K].reshape(G, rpad // MR, K, MR)
     full = R // MR
     view[:, :full] = a[:, :full * MR].reshape(G, full, MR, K).transpose(0, 1, 3, 2)
@@ -160,6 +165,27 @@ def pack_panels(a, out):
         view[:, full] = 0
         view[:, full, :, :R - full * MR] = a[:, full * MR:].transpose(0, 2, 1)
     return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def pack_panel_rows(a, out, t, threads):
+    """:func:`pack_panels` of ``a`` (G, R, K; any strides) into ``out`` (flat): part ``t`` of
+    ``threads`` writes its share of the (group, panel) pairs, ``k`` by ``k``."""
+    G, R, K = a.shape
+    panels = (R + MR - 1) // MR
+    jobs = G * panels
+    zero = f32(0)
+    for job in range(jobs * t // threads, jobs * (t + 1) // threads):
+        g = job // panels
+        r0 = (job - g * panels) * MR
+        rows = min(MR, R - r0)
+        base = job * K * MR
+        for k in range(K):
+            dst = base + k * MR
+            for r in range(rows):
+                out[dst + r] = a[g, r0 + r, k]
+            for r in range(rows, MR):
+                out[dst + r] = zero
 
 
 def offsets(channels, kernel, dilation, stride, Hs, Ws, NB, count):
@@ -279,24 +305,32 @@ def forward_scratch(M, G, lengths, skew):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg,
+def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, msplit,
             chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
     """``y`` (N, M, OH, OW) = conv(x, W) (+ bias), from ``xt`` (:func:`pack` of x, then slack)
     and ``offs`` (:func:`offsets`, at least Kg entries).
 
     ``wp``: the weights packed by :func:`pack_panels` as (G, Mgpad / MR, Kg, MR),
     ``Mgpad = round_up(M / G, MR)``; ``chunks``/``starts``/``lengths``: :func:`plan_blocks`.
-    Part ``t`` of ``threads`` takes blocks ``t, t + threads, ...`` and its own ``ws_stride``
-    floats of ``ws``.
+    Part ``t`` of ``threads`` takes jobs ``t, t + threads, ...`` of ``blocks * msplit``: job
+    ``j`` is block ``j // msplit``'s ``j % msplit``-th share of the output channels (``msplit``
+    > 1 where there are fewer blocks than threads, as at batch 1); it uses its own
+    ``ws_stride`` floats of ``ws``. Every output is the same chain of multiply-adds whatever
+    the split.
     """
     Mg = M // G
     Cg = C // G
     mgpad = (Mg + MR - 1) // MR * MR
+    tiles = mgpad // MR
     group_size = Cg * sh * sw * Hs * Ws * NB
     row_wide = Ws * NB
     plane = OH * OW
     out = t * ws_stride
-    for blk in range(t, starts.shape[0], threads):
+    for job in range(t, starts.shape[0] * msplit, threads):
+        blk = job // msplit
+        share = job - blk * msplit
+        m_lo = tiles * share // msplit * MR
+        m_hi = tiles * (share + 1) // msplit * MR
         nc = chunks[blk]
         s = starts[blk]
         length = lengths[blk]
@@ -307,7 +341,7 @@ def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw,
             for k0 in range(0, Kg, kc):
                 k1 = min(Kg, k0 + kc)
                 for j0 in range(0, npad, NR):
-                    for m0 in range(0, mgpad, MR):
+                    for m0 in range(m_lo, m_hi, MR):
                         _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
                                        0, xt, base + j0, 0, offs, k0,
                                        ws, out + m0 * ld + j0, ld, k1 - k0, k0 > 0)
@@ -319,7 +353,7 @@ def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw,
                     ow_lo = max(0, (lo - i + NB - 1) // NB)
                     ow_hi = (hi - i + NB - 1) // NB
                     src0 = out + e0 + ow_lo * NB + i - lo
-                    for m in range(Mg):
+                    for m in range(m_lo, min(Mg, m_hi)):
                         mm = g * Mg + m
                         b = bias[mm] if has_bias else f32(0)
                         dst = (n * M + mm) * plane + oh * OW + ow_lo
@@ -348,14 +382,18 @@ def weight_grad_scratch(C, M, G, kh, kw, lengths):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow,
+def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow, ksplit,
                 chunks, starts, lengths, ws, ws_stride, t, threads):
     """The weight gradient of the batch, from ``xt``/``offs`` as in :func:`forward` (``offs``
     padded with zeros to ``Kgpad`` entries) and the top diff ``dy`` (N, M, OH, OW).
 
-    Part ``t`` of ``threads`` sums its blocks into its own ``dW^T`` (G, Kgpad, Mgv) at the
-    start of its scratch area, with the tile of :func:`weight_grad_tile` (``narrow``);
-    :func:`weight_grad_sum` then adds the parts to ``dw_acc`` in part order.
+    ``ksplit`` 1: part ``t`` of ``threads`` sums its blocks ``t, t + threads, ...`` into its
+    own ``dW^T`` (G, Kgpad, Mgv) at the start of its scratch area, with the tile of
+    :func:`weight_grad_tile` (``narrow``). ``ksplit`` > 1 (fewer blocks than threads, as at
+    batch 1): part ``t`` takes block ``t // ksplit`` alone and the ``t % ksplit``-th share of
+    its rows ``k``, written into that block's ``dW^T`` at scratch area ``t // ksplit``: every
+    sum is the same chain of multiply-adds either way. :func:`weight_grad_sum` then adds the
+    partial sums to ``dw_acc`` in order.
     """
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
@@ -367,10 +405,20 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
     group_size = Cg * sh * sw * Hs * Ws * NB
     row_wide = Ws * NB
     zero = f32(0)
-    acc = t * ws_stride
-    dyt = acc + part
-    _fill(ws, acc, part, zero)
-    for blk in range(t, starts.shape[0], threads):
+    dyt = t * ws_stride + part
+    tiles = kgpad // mr
+    if ksplit == 1:
+        first, step, acc, t_lo, t_hi = t, threads, t * ws_stride, 0, tiles
+        _fill(ws, acc, part, zero)
+    else:
+        first, step, acc = t // ksplit, starts.shape[0], (t // ksplit) * ws_stride
+        if first >= starts.shape[0]:
+            return
+        share = t - first * ksplit
+        t_lo, t_hi = tiles * share // ksplit, tiles * (share + 1) // ksplit
+        for g in range(G):
+            _fill(ws, acc + (g * kgpad + t_lo * mr) * mgv, (t_hi - t_lo) * mr * mgv, zero)
+    for blk in range(first, starts.shape[0], step):
         nc = chunks[blk]
         s = starts[blk]
         length = lengths[blk]
@@ -389,7 +437,7 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
                         src = ((n * M + g * Mg + m) * OH + oh) * OW
                         _scatter_copy(ws, row0 + m, NB * mgv, dy, src + ow_lo, ow_hi - ow_lo)
             base = (nc * G + g) * group_size + s
-            for k0 in range(0, kgpad, mr):
+            for k0 in range(t_lo * mr, t_hi * mr, mr):
                 for m0 in range(0, mgv, nr):
                     c0 = acc + (g * kgpad + k0) * mgv + m0
                     if narrow:
@@ -400,21 +448,38 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
                                        0, ws, c0, mgv, length, True)
 
 
+#: Rows of ``dw`` that :func:`weight_grad_sum` adds at a time (one cache line of a partial
+#: sum's row, read while the rows' runs of ``dw`` are written in step).
+_SUM_ROWS = 16
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def weight_grad_sum(dw_acc, M, G, Kg, narrow, threads, ws, ws_stride):
-    """``dw_acc`` (M, Kg) += the parts of :func:`weight_grad`, in part order."""
+def weight_grad_sum(dw_acc, M, G, Kg, narrow, parts, plus_zero, ws, ws_stride, t, threads):
+    """``dw_acc`` (M, Kg) += the ``parts`` partial sums of :func:`weight_grad`, in part order,
+    then ``+ 0`` when ``plus_zero`` (for the parts of threads that had no block: their sum,
+    +0, turns a -0 into +0). Part ``t`` of ``threads`` takes its share of the rows, in runs
+    of :data:`_SUM_ROWS`."""
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
     Mg = M // G
     kgpad = (Kg + mr - 1) // mr * mr
     mgv = (Mg + nr - 1) // nr * nr
-    for t in range(threads):
-        acc = t * ws_stride
-        for g in range(G):
-            for m in range(Mg):
-                row = (g * Mg + m) * Kg
-                for k in range(Kg):
-                    dw_acc[row + k] += ws[acc + (g * kgpad + k) * mgv + m]
+    runs = (M + _SUM_ROWS - 1) // _SUM_ROWS
+    zero = f32(0)
+    src = numpy.empty(_SUM_ROWS, numpy.int64)
+    for run in range(runs * t // threads, runs * (t + 1) // threads):
+        r0 = run * _SUM_ROWS
+        rows = min(M, r0 + _SUM_ROWS) - r0
+        for p in range(parts):
+            for i in range(rows):
+                g = (r0 + i) // Mg
+                src[i] = p * ws_stride + g * kgpad * mgv + r0 + i - g * Mg
+            last = plus_zero and p == parts - 1
+            for k in range(Kg):
+                for i in range(rows):
+                    e = (r0 + i) * Kg + k
+                    v = dw_acc[e] + ws[src[i] + k * mgv]
+                    dw_acc[e] = v + zero if last else v
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -113,7 +113,14 @@ class Conv2dPlan:
         """``w`` (G, rows, cols) in the micro-kernel's panels (:func:`conv.pack_panels`)."""
         G = self.G
         out = self.workspace.get("conv_w", G * round_up(rows, MR) * cols)
-        return conv.pack_panels(w.reshape(G, rows, cols), out)
+        return conv.pack_panels(w.reshape(G, rows, cols), out, self.team)
+
+    def _shares(self, blocks):
+        """Shares each block is cut into (output channels in :func:`conv.forward`, rows of the
+        weight gradient in :func:`conv.weight_grad`): more than one where there are fewer blocks
+        than threads (batch 1's small planes), so that every thread has work."""
+        count = len(blocks[1])
+        return self.threads // count if count < self.threads else 1
 
     def _scratch(self, floats):
         return self.workspace.get("conv_scratch", self.threads * floats), floats
@@ -128,7 +135,7 @@ class Conv2dPlan:
         self.team.run(conv.forward, xt, self.offs, wp, bias if bias is not None else wp,
                       bias is not None, y.reshape(-1), self.N, self.C, self.M, self.G, self.OH,
                       self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg,
-                      *self.blocks, self.kc, self.skew, ws, stride)
+                      self._shares(self.blocks), *self.blocks, self.kc, self.skew, ws, stride)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
@@ -144,8 +151,8 @@ class Conv2dPlan:
                                                             self.skew))
             self.team.run(conv.forward, dyt, self.flip_offs, wp, wp, False, dx.reshape(-1),
                           self.N, self.M, self.C, G, self.H, self.W, self.fHs, self.fWs, 1, 1,
-                          self.fNB, Mg * kh * kw, *self.flip_blocks, self.kc, self.skew, ws,
-                          stride)
+                          self.fNB, Mg * kh * kw, self._shares(self.flip_blocks),
+                          *self.flip_blocks, self.kc, self.skew, ws, stride)
             return
         wt = w.reshape(G, Mg, self.Kg).transpose(0, 2, 1)
         # (G, Kgpad, Mg), then MR zero rows: col2im's slices start at a channel's first row,
@@ -184,9 +191,11 @@ class Conv2dPlan:
                                                             self.kw, self.blocks[2]))
         self.team.run(conv.weight_grad, xt, self.offs, dy.reshape(-1), self.N, self.C, self.M,
                       self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
-                      self.Kg, self.wg_narrow, *self.blocks, ws, stride)
-        conv.weight_grad_sum(dw.reshape(-1), self.M, self.G, self.Kg, self.wg_narrow,
-                             self.threads, ws, stride)
+                      self.Kg, self.wg_narrow, self._shares(self.blocks), *self.blocks, ws,
+                      stride)
+        parts = min(len(self.blocks[1]), self.threads)
+        self.team.run(conv.weight_grad_sum, dw.reshape(-1), self.M, self.G, self.Kg,
+                      self.wg_narrow, parts, parts < self.threads, ws, stride)
 
     def bias_grad(self, dy, db):
         """``db += dy`` summed over images and positions."""
