@@ -60,6 +60,13 @@ MR_NARROW, _NV_NARROW = (14, 2) if _W == 16 else (6, 1)
 NR_NARROW = _NV_NARROW * _W
 _mk = simd.microkernel(MR, _NV)
 _mk_b_indirect = simd.microkernel(MR, _NV, b_indirect=True, a_packed=True)
+#: The forward's tiles on weights read in place (rows Kg apart), for layers of few blocks
+#: (batch 1's small planes), where packing the weights took as long as the product; the narrower
+#: ones for a block's last positions (a 7x7 plane's 49 positions are 64 computed positions in
+#: vectors, not 96 in whole tiles). Each output is the same sum whichever tile computes it.
+_mk_b_indirect_rows = simd.microkernel(MR, _NV, b_indirect=True)
+_mk_b_indirect_1 = simd.microkernel(MR, 1, b_indirect=True)
+_mk_b_indirect_2 = simd.microkernel(MR, 2, b_indirect=True)
 _mk_a_indirect = simd.microkernel(MR, _NV, True, False)
 _mk_a_indirect_narrow = simd.microkernel(MR_NARROW, _NV_NARROW, True, False)
 _copy, _fill, _add_into, _copy_plus = simd.copy, simd.fill, simd.add_into, simd.copy_plus
@@ -147,17 +154,12 @@ def unpack(xt, x, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
                         x[numba.uint64(dst + w0 + sw * e)] = xt[numba.uint64(src + NB * e)]
 
 
-def pack_panels(a, out, team=None):
+def pack_panels(a, out):
     """``a`` (G, R, K) into ``out`` as the micro-kernel's packed panels (G, Rpad / MR, K, MR),
     ``Rpad = round_up(R, MR)``, zero rows after R: a panel's MR values of one k are adjacent,
-    so the micro-kernel reads its A operand as one stream. ``team`` (a :class:`.team.Team`)
-    splits the panels between its threads (:func:`pack_panel_rows`); the same floats either
-    way."""
+    so the micro-kernel reads its A operand as one stream."""
     G, R, K = a.shape
     rpad = round_up(R, MR)
-    if team is not None:
-        team.run(pack_panel_rows, a, out, parts=G * rpad // MR)
-        return out
     view = out[:G * rpad * K].reshape(G, rpad // MR, K, MR)
     full = R // MR
     view[:, :full] = a[:, :full * MR].reshape(G, full, MR, K).transpose(0, 1, 3, 2)
@@ -165,27 +167,6 @@ def pack_panels(a, out, team=None):
         view[:, full] = 0
         view[:, full, :, :R - full * MR] = a[:, full * MR:].transpose(0, 2, 1)
     return out
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def pack_panel_rows(a, out, t, threads):
-    """:func:`pack_panels` of ``a`` (G, R, K; any strides) into ``out`` (flat): part ``t`` of
-    ``threads`` writes its share of the (group, panel) pairs, ``k`` by ``k``."""
-    G, R, K = a.shape
-    panels = (R + MR - 1) // MR
-    jobs = G * panels
-    zero = f32(0)
-    for job in range(jobs * t // threads, jobs * (t + 1) // threads):
-        g = job // panels
-        r0 = (job - g * panels) * MR
-        rows = min(MR, R - r0)
-        base = job * K * MR
-        for k in range(K):
-            dst = base + k * MR
-            for r in range(rows):
-                out[dst + r] = a[g, r0 + r, k]
-            for r in range(rows, MR):
-                out[dst + r] = zero
 
 
 def offsets(channels, kernel, dilation, stride, Hs, Ws, NB, count):
@@ -305,13 +286,14 @@ def forward_scratch(M, G, lengths, skew):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, msplit,
-            chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
+def forward(xt, offs, wp, packed, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg,
+            msplit, chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
     """``y`` (N, M, OH, OW) = conv(x, W) (+ bias), from ``xt`` (:func:`pack` of x, then slack)
     and ``offs`` (:func:`offsets`, at least Kg entries).
 
-    ``wp``: the weights packed by :func:`pack_panels` as (G, Mgpad / MR, Kg, MR),
-    ``Mgpad = round_up(M / G, MR)``; ``chunks``/``starts``/``lengths``: :func:`plan_blocks`.
+    ``wp``: the weights, ``Mgpad = round_up(M / G, MR)`` rows a group (zero rows after Mg),
+    packed by :func:`pack_panels` as (G, Mgpad / MR, Kg, MR) when ``packed``, else as
+    (G, Mgpad, Kg); ``chunks``/``starts``/``lengths``: :func:`plan_blocks`.
     Part ``t`` of ``threads`` takes jobs ``t, t + threads, ...`` of ``blocks * msplit``: job
     ``j`` is block ``j // msplit``'s ``j % msplit``-th share of the output channels (``msplit``
     > 1 where there are fewer blocks than threads, as at batch 1); it uses its own
@@ -341,10 +323,24 @@ def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw,
             for k0 in range(0, Kg, kc):
                 k1 = min(Kg, k0 + kc)
                 for j0 in range(0, npad, NR):
+                    vectors = min(_NV, (length - j0 + _W - 1) // _W)
                     for m0 in range(m_lo, m_hi, MR):
-                        _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
-                                       0, xt, base + j0, 0, offs, k0,
-                                       ws, out + m0 * ld + j0, ld, k1 - k0, k0 > 0)
+                        c0 = out + m0 * ld + j0
+                        if packed:
+                            _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
+                                           0, xt, base + j0, 0, offs, k0, ws, c0, ld,
+                                           k1 - k0, k0 > 0)
+                            continue
+                        a0 = (g * mgpad + m0) * Kg + k0
+                        if vectors == _NV:
+                            _mk_b_indirect_rows(wp, a0, Kg, _NO_INDEX, 0, xt, base + j0, 0,
+                                                offs, k0, ws, c0, ld, k1 - k0, k0 > 0)
+                        elif vectors == 1:
+                            _mk_b_indirect_1(wp, a0, Kg, _NO_INDEX, 0, xt, base + j0, 0, offs,
+                                             k0, ws, c0, ld, k1 - k0, k0 > 0)
+                        else:
+                            _mk_b_indirect_2(wp, a0, Kg, _NO_INDEX, 0, xt, base + j0, 0, offs,
+                                             k0, ws, c0, ld, k1 - k0, k0 > 0)
             # out[m, q - s] -> y[n, g Mg + m, oh, ow], dropping ow >= OW, image by image
             # (each image's run of y written in order)
             for oh, lo, hi, e0 in _row_spans(s, length, row_wide, OW * NB):
@@ -416,8 +412,9 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
             return
         share = t - first * ksplit
         t_lo, t_hi = tiles * share // ksplit, tiles * (share + 1) // ksplit
-        for g in range(G):
-            _fill(ws, acc + (g * kgpad + t_lo * mr) * mgv, (t_hi - t_lo) * mr * mgv, zero)
+    # One block a partial sum (ksplit > 1) is stored, not added to zeros: the same sum but for
+    # a -0 (0 + -0 is +0), and weight_grad_sum's final + 0 makes those the same.
+    add = ksplit == 1
     for blk in range(first, starts.shape[0], step):
         nc = chunks[blk]
         s = starts[blk]
@@ -442,44 +439,43 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
                     c0 = acc + (g * kgpad + k0) * mgv + m0
                     if narrow:
                         _mk_a_indirect_narrow(xt, base, 0, offs, k0, ws, dyt + m0, mgv,
-                                              _NO_INDEX, 0, ws, c0, mgv, length, True)
+                                              _NO_INDEX, 0, ws, c0, mgv, length, add)
                     else:
                         _mk_a_indirect(xt, base, 0, offs, k0, ws, dyt + m0, mgv, _NO_INDEX,
-                                       0, ws, c0, mgv, length, True)
+                                       0, ws, c0, mgv, length, add)
 
 
-#: Rows of ``dw`` that :func:`weight_grad_sum` adds at a time (one cache line of a partial
-#: sum's row, read while the rows' runs of ``dw`` are written in step).
-_SUM_ROWS = 16
+#: Columns of ``dw`` that :func:`weight_grad_sum` adds at a time: for each row of ``dw`` one
+#: run of them (a cache line), reading that many rows of a partial sum in step (measured on
+#: ResNet-50's shapes: 0.5-0.8 ns a float, where a row of ``dw`` at a time read the partial
+#: sums' columns at 0.4-0.9, and 16 rows at a time wrote ``dw``'s at 0.5-2.4).
+_SUM_COLS = 16
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def weight_grad_sum(dw_acc, M, G, Kg, narrow, parts, plus_zero, ws, ws_stride, t, threads):
     """``dw_acc`` (M, Kg) += the ``parts`` partial sums of :func:`weight_grad`, in part order,
     then ``+ 0`` when ``plus_zero`` (for the parts of threads that had no block: their sum,
-    +0, turns a -0 into +0). Part ``t`` of ``threads`` takes its share of the rows, in runs
-    of :data:`_SUM_ROWS`."""
+    +0, turns a -0 into +0). Part ``t`` of ``threads`` takes its share of the columns."""
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
     Mg = M // G
     kgpad = (Kg + mr - 1) // mr * mr
     mgv = (Mg + nr - 1) // nr * nr
-    runs = (M + _SUM_ROWS - 1) // _SUM_ROWS
+    runs = (Kg + _SUM_COLS - 1) // _SUM_COLS
     zero = f32(0)
-    src = numpy.empty(_SUM_ROWS, numpy.int64)
     for run in range(runs * t // threads, runs * (t + 1) // threads):
-        r0 = run * _SUM_ROWS
-        rows = min(M, r0 + _SUM_ROWS) - r0
+        k0 = run * _SUM_COLS
+        cols = min(Kg, k0 + _SUM_COLS) - k0
         for p in range(parts):
-            for i in range(rows):
-                g = (r0 + i) // Mg
-                src[i] = p * ws_stride + g * kgpad * mgv + r0 + i - g * Mg
             last = plus_zero and p == parts - 1
-            for k in range(Kg):
-                for i in range(rows):
-                    e = (r0 + i) * Kg + k
-                    v = dw_acc[e] + ws[src[i] + k * mgv]
-                    dw_acc[e] = v + zero if last else v
+            for g in range(G):
+                src = p * ws_stride + (g * kgpad + k0) * mgv
+                for m in range(Mg):
+                    row = (g * Mg + m) * Kg + k0
+                    for j in range(cols):
+                        v = dw_acc[row + j] + ws[src + j * mgv + m]
+                        dw_acc[row + j] = v + zero if last else v
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
