@@ -336,9 +336,7 @@ class ScaleLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         xp = get_array_module(top[0].diff)
         if self.bias_term and self.param_propagate_down[-1]:
-            # the kernel set's channel_sum: the same sums as _bias_grad's, split between threads
-            self.blobs[-1].diff += self.kernels.channel_sum(
-                top[0].diff.reshape(self.bias_view)).reshape(self.blobs[-1].shape)
+            _bias_grad(top[0].diff, self.blobs[-1].diff, self.bias_view, accumulate=True)
         scale_param = len(bottom) == 1
         scale = self.blobs[0] if scale_param else bottom[1]
         outer, dim, inner = self.view
@@ -362,7 +360,7 @@ class ScaleLayer(Layer):
             fused = dx is not None and product is not bottom[0].diff
             self.kernels.scale_grad(dy, x.reshape(self.view), scale.data,
                                     product.reshape(self.view), dx if fused else None)
-            sums = self.kernels.channel_sum(product.reshape(self.view))
+            sums = product.reshape(self.view).sum(axis=2).sum(axis=0)
             self._store_scale_grad(scale, sums, scale_param and not self._overwrites(bottom))
         if dx is not None and not fused:
             self.kernels.scale_grad(dy, None, scale.data, None, dx)

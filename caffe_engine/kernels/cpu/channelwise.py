@@ -115,30 +115,6 @@ def _centered_square_sums(x, mean, out, work, C, inner, t, parts):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _single_item_stats(x, inv, mean, var, work, inner, t, parts):
-    # One item (batch 1): a plane is a channel, so its mean and variance follow from its own
-    # two sums -- taken while the plane is in the cache. Each value as batch_norm_stats makes
-    # it: the plane's sum (f32(0) + pairwise), times inv, then NumPy's sum over the one item
-    # (0 + that).
-    values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
-    frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
-    one = numpy.empty(1, f32)
-    w0 = numba.uint64(t * inner)
-    n = numba.uint64(inner)
-    C = mean.shape[0]
-    for p in range(C * t // parts, C * (t + 1) // parts):
-        base = numba.uint64(p * inner)
-        _pairwise(x, p * inner, 0, inner, 1, one, 0, values, frames)
-        m = f32(0) + (f32(0) + one[0]) * inv
-        mean[p] = m
-        for i in range(n):
-            v = x[base + i] - m
-            work[w0 + i] = v * v
-        _pairwise(work, t * inner, 0, inner, 1, one, 0, values, frames)
-        var[p] = f32(0) + (f32(0) + one[0]) * inv
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def _normalize_affine(x, mean, std, scale, has_scale, bias, has_bias, slope, has_relu, x_norm,
                       y, C, inner, t, parts):
     planes = x.shape[0] // inner
@@ -273,14 +249,8 @@ def _work(team, floats):
 
 
 def batch_norm_stats(x, inv, team):
-    """As :func:`..reference.channelwise.batch_norm_stats`, in two reads of ``x`` (one item:
-    one read, each plane's two sums while it is in the cache)."""
+    """As :func:`..reference.channelwise.batch_norm_stats`, in two reads of ``x``."""
     outer, C, inner = x.shape
-    if outer == 1:
-        mean, var = numpy.empty(C, f32), numpy.empty(C, f32)
-        team.run(_single_item_stats, _flat(x), f32(inv), mean, var, _work(team, inner), inner,
-                 parts=_parts(x))
-        return mean, var
     mean = channel_sum(x, inv, team)
     out = numpy.empty(outer * C, f32)
     team.run(_centered_square_sums, _flat(x), mean, out, _work(team, inner), C, inner,

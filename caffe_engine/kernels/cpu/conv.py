@@ -60,13 +60,6 @@ MR_NARROW, _NV_NARROW = (14, 2) if _W == 16 else (6, 1)
 NR_NARROW = _NV_NARROW * _W
 _mk = simd.microkernel(MR, _NV)
 _mk_b_indirect = simd.microkernel(MR, _NV, b_indirect=True, a_packed=True)
-#: The forward's tiles on weights read in place (rows Kg apart), for layers of few blocks
-#: (batch 1's small planes), where packing the weights took as long as the product; the narrower
-#: ones for a block's last positions (a 7x7 plane's 49 positions are 64 computed positions in
-#: vectors, not 96 in whole tiles). Each output is the same sum whichever tile computes it.
-_mk_b_indirect_rows = simd.microkernel(MR, _NV, b_indirect=True)
-_mk_b_indirect_1 = simd.microkernel(MR, 1, b_indirect=True)
-_mk_b_indirect_2 = simd.microkernel(MR, 2, b_indirect=True)
 _mk_a_indirect = simd.microkernel(MR, _NV, True, False)
 _mk_a_indirect_narrow = simd.microkernel(MR_NARROW, _NV_NARROW, True, False)
 _copy, _fill, _add_into, _copy_plus = simd.copy, simd.fill, simd.add_into, simd.copy_plus
@@ -286,33 +279,24 @@ def forward_scratch(M, G, lengths, skew):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward(xt, offs, wp, packed, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg,
-            msplit, chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
+def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg,
+            chunks, starts, lengths, kc, skew, ws, ws_stride, t, threads):
     """``y`` (N, M, OH, OW) = conv(x, W) (+ bias), from ``xt`` (:func:`pack` of x, then slack)
     and ``offs`` (:func:`offsets`, at least Kg entries).
 
-    ``wp``: the weights, ``Mgpad = round_up(M / G, MR)`` rows a group (zero rows after Mg),
-    packed by :func:`pack_panels` as (G, Mgpad / MR, Kg, MR) when ``packed``, else as
-    (G, Mgpad, Kg); ``chunks``/``starts``/``lengths``: :func:`plan_blocks`.
-    Part ``t`` of ``threads`` takes jobs ``t, t + threads, ...`` of ``blocks * msplit``: job
-    ``j`` is block ``j // msplit``'s ``j % msplit``-th share of the output channels (``msplit``
-    > 1 where there are fewer blocks than threads, as at batch 1); it uses its own
-    ``ws_stride`` floats of ``ws``. Every output is the same chain of multiply-adds whatever
-    the split.
+    ``wp``: the weights packed by :func:`pack_panels` as (G, Mgpad / MR, Kg, MR),
+    ``Mgpad = round_up(M / G, MR)``; ``chunks``/``starts``/``lengths``: :func:`plan_blocks`.
+    Part ``t`` of ``threads`` takes blocks ``t, t + threads, ...`` and its own ``ws_stride``
+    floats of ``ws``.
     """
     Mg = M // G
     Cg = C // G
     mgpad = (Mg + MR - 1) // MR * MR
-    tiles = mgpad // MR
     group_size = Cg * sh * sw * Hs * Ws * NB
     row_wide = Ws * NB
     plane = OH * OW
     out = t * ws_stride
-    for job in range(t, starts.shape[0] * msplit, threads):
-        blk = job // msplit
-        share = job - blk * msplit
-        m_lo = tiles * share // msplit * MR
-        m_hi = tiles * (share + 1) // msplit * MR
+    for blk in range(t, starts.shape[0], threads):
         nc = chunks[blk]
         s = starts[blk]
         length = lengths[blk]
@@ -323,24 +307,10 @@ def forward(xt, offs, wp, packed, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws,
             for k0 in range(0, Kg, kc):
                 k1 = min(Kg, k0 + kc)
                 for j0 in range(0, npad, NR):
-                    vectors = min(_NV, (length - j0 + _W - 1) // _W)
-                    for m0 in range(m_lo, m_hi, MR):
-                        c0 = out + m0 * ld + j0
-                        if packed:
-                            _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
-                                           0, xt, base + j0, 0, offs, k0, ws, c0, ld,
-                                           k1 - k0, k0 > 0)
-                            continue
-                        a0 = (g * mgpad + m0) * Kg + k0
-                        if vectors == _NV:
-                            _mk_b_indirect_rows(wp, a0, Kg, _NO_INDEX, 0, xt, base + j0, 0,
-                                                offs, k0, ws, c0, ld, k1 - k0, k0 > 0)
-                        elif vectors == 1:
-                            _mk_b_indirect_1(wp, a0, Kg, _NO_INDEX, 0, xt, base + j0, 0, offs,
-                                             k0, ws, c0, ld, k1 - k0, k0 > 0)
-                        else:
-                            _mk_b_indirect_2(wp, a0, Kg, _NO_INDEX, 0, xt, base + j0, 0, offs,
-                                             k0, ws, c0, ld, k1 - k0, k0 > 0)
+                    for m0 in range(0, mgpad, MR):
+                        _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
+                                       0, xt, base + j0, 0, offs, k0,
+                                       ws, out + m0 * ld + j0, ld, k1 - k0, k0 > 0)
             # out[m, q - s] -> y[n, g Mg + m, oh, ow], dropping ow >= OW, image by image
             # (each image's run of y written in order)
             for oh, lo, hi, e0 in _row_spans(s, length, row_wide, OW * NB):
@@ -349,7 +319,7 @@ def forward(xt, offs, wp, packed, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws,
                     ow_lo = max(0, (lo - i + NB - 1) // NB)
                     ow_hi = (hi - i + NB - 1) // NB
                     src0 = out + e0 + ow_lo * NB + i - lo
-                    for m in range(m_lo, min(Mg, m_hi)):
+                    for m in range(Mg):
                         mm = g * Mg + m
                         b = bias[mm] if has_bias else f32(0)
                         dst = (n * M + mm) * plane + oh * OW + ow_lo
@@ -378,18 +348,14 @@ def weight_grad_scratch(C, M, G, kh, kw, lengths):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow, ksplit,
+def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow,
                 chunks, starts, lengths, ws, ws_stride, t, threads):
     """The weight gradient of the batch, from ``xt``/``offs`` as in :func:`forward` (``offs``
     padded with zeros to ``Kgpad`` entries) and the top diff ``dy`` (N, M, OH, OW).
 
-    ``ksplit`` 1: part ``t`` of ``threads`` sums its blocks ``t, t + threads, ...`` into its
-    own ``dW^T`` (G, Kgpad, Mgv) at the start of its scratch area, with the tile of
-    :func:`weight_grad_tile` (``narrow``). ``ksplit`` > 1 (fewer blocks than threads, as at
-    batch 1): part ``t`` takes block ``t // ksplit`` alone and the ``t % ksplit``-th share of
-    its rows ``k``, written into that block's ``dW^T`` at scratch area ``t // ksplit``: every
-    sum is the same chain of multiply-adds either way. :func:`weight_grad_sum` then adds the
-    partial sums to ``dw_acc`` in order.
+    Part ``t`` of ``threads`` sums its blocks into its own ``dW^T`` (G, Kgpad, Mgv) at the
+    start of its scratch area, with the tile of :func:`weight_grad_tile` (``narrow``);
+    :func:`weight_grad_sum` then adds the parts to ``dw_acc`` in part order.
     """
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
@@ -401,21 +367,10 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
     group_size = Cg * sh * sw * Hs * Ws * NB
     row_wide = Ws * NB
     zero = f32(0)
-    dyt = t * ws_stride + part
-    tiles = kgpad // mr
-    if ksplit == 1:
-        first, step, acc, t_lo, t_hi = t, threads, t * ws_stride, 0, tiles
-        _fill(ws, acc, part, zero)
-    else:
-        first, step, acc = t // ksplit, starts.shape[0], (t // ksplit) * ws_stride
-        if first >= starts.shape[0]:
-            return
-        share = t - first * ksplit
-        t_lo, t_hi = tiles * share // ksplit, tiles * (share + 1) // ksplit
-    # One block a partial sum (ksplit > 1) is stored, not added to zeros: the same sum but for
-    # a -0 (0 + -0 is +0), and weight_grad_sum's final + 0 makes those the same.
-    add = ksplit == 1
-    for blk in range(first, starts.shape[0], step):
+    acc = t * ws_stride
+    dyt = acc + part
+    _fill(ws, acc, part, zero)
+    for blk in range(t, starts.shape[0], threads):
         nc = chunks[blk]
         s = starts[blk]
         length = lengths[blk]
@@ -434,48 +389,32 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
                         src = ((n * M + g * Mg + m) * OH + oh) * OW
                         _scatter_copy(ws, row0 + m, NB * mgv, dy, src + ow_lo, ow_hi - ow_lo)
             base = (nc * G + g) * group_size + s
-            for k0 in range(t_lo * mr, t_hi * mr, mr):
+            for k0 in range(0, kgpad, mr):
                 for m0 in range(0, mgv, nr):
                     c0 = acc + (g * kgpad + k0) * mgv + m0
                     if narrow:
                         _mk_a_indirect_narrow(xt, base, 0, offs, k0, ws, dyt + m0, mgv,
-                                              _NO_INDEX, 0, ws, c0, mgv, length, add)
+                                              _NO_INDEX, 0, ws, c0, mgv, length, True)
                     else:
                         _mk_a_indirect(xt, base, 0, offs, k0, ws, dyt + m0, mgv, _NO_INDEX,
-                                       0, ws, c0, mgv, length, add)
-
-
-#: Columns of ``dw`` that :func:`weight_grad_sum` adds at a time: for each row of ``dw`` one
-#: run of them (a cache line), reading that many rows of a partial sum in step (measured on
-#: ResNet-50's shapes: 0.5-0.8 ns a float, where a row of ``dw`` at a time read the partial
-#: sums' columns at 0.4-0.9, and 16 rows at a time wrote ``dw``'s at 0.5-2.4).
-_SUM_COLS = 16
+                                       0, ws, c0, mgv, length, True)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def weight_grad_sum(dw_acc, M, G, Kg, narrow, parts, plus_zero, ws, ws_stride, t, threads):
-    """``dw_acc`` (M, Kg) += the ``parts`` partial sums of :func:`weight_grad`, in part order,
-    then ``+ 0`` when ``plus_zero`` (for the parts of threads that had no block: their sum,
-    +0, turns a -0 into +0). Part ``t`` of ``threads`` takes its share of the columns."""
+def weight_grad_sum(dw_acc, M, G, Kg, narrow, threads, ws, ws_stride):
+    """``dw_acc`` (M, Kg) += the parts of :func:`weight_grad`, in part order."""
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
     Mg = M // G
     kgpad = (Kg + mr - 1) // mr * mr
     mgv = (Mg + nr - 1) // nr * nr
-    runs = (Kg + _SUM_COLS - 1) // _SUM_COLS
-    zero = f32(0)
-    for run in range(runs * t // threads, runs * (t + 1) // threads):
-        k0 = run * _SUM_COLS
-        cols = min(Kg, k0 + _SUM_COLS) - k0
-        for p in range(parts):
-            last = plus_zero and p == parts - 1
-            for g in range(G):
-                src = p * ws_stride + (g * kgpad + k0) * mgv
-                for m in range(Mg):
-                    row = (g * Mg + m) * Kg + k0
-                    for j in range(cols):
-                        v = dw_acc[row + j] + ws[src + j * mgv + m]
-                        dw_acc[row + j] = v + zero if last else v
+    for t in range(threads):
+        acc = t * ws_stride
+        for g in range(G):
+            for m in range(Mg):
+                row = (g * Mg + m) * Kg
+                for k in range(Kg):
+                    dw_acc[row + k] += ws[acc + (g * kgpad + k) * mgv + m]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -109,30 +109,11 @@ class Conv2dPlan:
         return self._pack("conv_in", x, self.C, self.H, self.W, self.ph, self.pw, self.sh,
                           self.sw, self.Hs, self.Ws, self.NB)
 
-    def _forward_weights(self, w, rows, cols, blocks):
-        """``w`` (G, rows, cols) as :func:`conv.forward` reads it, and whether packed: in the
-        micro-kernel's panels (:func:`conv.pack_panels`), or where there are no more blocks
-        than threads (each reads the weights once or twice: batch 1's small planes) in
-        place, rows padded to a multiple of MR (a copy only where they are not already)."""
+    def _packed_weights(self, w, rows, cols):
+        """``w`` (G, rows, cols) in the micro-kernel's panels (:func:`conv.pack_panels`)."""
         G = self.G
-        rpad = round_up(rows, MR)
-        w = w.reshape(G, rows, cols)
-        out = self.workspace.get("conv_w", G * rpad * cols)
-        if len(blocks[1]) > self.threads:
-            return conv.pack_panels(w, out), True
-        if rpad == rows and w.flags.c_contiguous:
-            return w.reshape(-1), False
-        view = out[:G * rpad * cols].reshape(G, rpad, cols)
-        view[:, :rows] = w
-        view[:, rows:] = 0
-        return out, False
-
-    def _shares(self, blocks):
-        """Shares each block is cut into (output channels in :func:`conv.forward`, rows of the
-        weight gradient in :func:`conv.weight_grad`): more than one where there are fewer blocks
-        than threads (batch 1's small planes), so that every thread has work."""
-        count = len(blocks[1])
-        return self.threads // count if count < self.threads else 1
+        out = self.workspace.get("conv_w", G * round_up(rows, MR) * cols)
+        return conv.pack_panels(w.reshape(G, rows, cols), out)
 
     def _scratch(self, floats):
         return self.workspace.get("conv_scratch", self.threads * floats), floats
@@ -140,14 +121,14 @@ class Conv2dPlan:
     # -- the kernel interface --------------------------------------------------------------
     def forward(self, x, w, bias, y):
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
-        wp, packed = self._forward_weights(w, self.Mg, self.Kg, self.blocks)
+        wp = self._packed_weights(w, self.Mg, self.Kg)
         xt = self._input(x)
         ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
                                                         self.skew))
-        self.team.run(conv.forward, xt, self.offs, wp, packed, bias if bias is not None else wp,
+        self.team.run(conv.forward, xt, self.offs, wp, bias if bias is not None else wp,
                       bias is not None, y.reshape(-1), self.N, self.C, self.M, self.G, self.OH,
                       self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg,
-                      self._shares(self.blocks), *self.blocks, self.kc, self.skew, ws, stride)
+                      *self.blocks, self.kc, self.skew, ws, stride)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
@@ -156,16 +137,15 @@ class Conv2dPlan:
             # dx = correlation of dy (padded by extent - 1 - pad) with the flipped filters
             # W'[g, c, (m, i, j)] = W[g Mg + m, c, kh - 1 - i, kw - 1 - j].
             flipped = w.reshape(G, Mg, Cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
-            wp, packed = self._forward_weights(flipped, Cg, Mg * kh * kw, self.flip_blocks)
+            wp = self._packed_weights(flipped, Cg, Mg * kh * kw)
             dyt = self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
                              self.fHs, self.fWs, self.fNB)
             ws, stride = self._scratch(conv.forward_scratch(self.C, G, self.flip_blocks[2],
                                                             self.skew))
-            self.team.run(conv.forward, dyt, self.flip_offs, wp, packed, wp, False,
-                          dx.reshape(-1),
+            self.team.run(conv.forward, dyt, self.flip_offs, wp, wp, False, dx.reshape(-1),
                           self.N, self.M, self.C, G, self.H, self.W, self.fHs, self.fWs, 1, 1,
-                          self.fNB, Mg * kh * kw, self._shares(self.flip_blocks),
-                          *self.flip_blocks, self.kc, self.skew, ws, stride)
+                          self.fNB, Mg * kh * kw, *self.flip_blocks, self.kc, self.skew, ws,
+                          stride)
             return
         wt = w.reshape(G, Mg, self.Kg).transpose(0, 2, 1)
         # (G, Kgpad, Mg), then MR zero rows: col2im's slices start at a channel's first row,
@@ -204,11 +184,9 @@ class Conv2dPlan:
                                                             self.kw, self.blocks[2]))
         self.team.run(conv.weight_grad, xt, self.offs, dy.reshape(-1), self.N, self.C, self.M,
                       self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
-                      self.Kg, self.wg_narrow, self._shares(self.blocks), *self.blocks, ws,
-                      stride)
-        parts = min(len(self.blocks[1]), self.threads)
-        self.team.run(conv.weight_grad_sum, dw.reshape(-1), self.M, self.G, self.Kg,
-                      self.wg_narrow, parts, parts < self.threads, ws, stride)
+                      self.Kg, self.wg_narrow, *self.blocks, ws, stride)
+        conv.weight_grad_sum(dw.reshape(-1), self.M, self.G, self.Kg, self.wg_narrow,
+                             self.threads, ws, stride)
 
     def bias_grad(self, dy, db):
         """``db += dy`` summed over images and positions."""
