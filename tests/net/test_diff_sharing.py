@@ -82,22 +82,29 @@ def test_argmax_lives_in_the_gradient_arena(monkeypatch):
     assert arena.nbytes < own
 
 
-def test_a_reshape_between_forward_and_backward_keeps_the_argmax(monkeypatch):
-    """Backward after a forward whose pooling planned anew (a batch change) reads the argmax
-    that forward wrote: bits as without sharing."""
+def _gradients_match_unshared(monkeypatch, second_pass):
+    """Forward and backward at batch 4, then ``second_pass(net, share)``: the param diffs with
+    diff sharing have the bits they have without it."""
     grads = []
     for share in (False, True):
-        solver = _solver(monkeypatch, share)
-        net = solver.net
+        net = _solver(monkeypatch, share).net
         _feed(net, 4, 0)
         net.forward()
         net.backward()
-        _feed(net, 6, 1)           # the plan's signature changes; forward from layer 0
-        net.forward()
-        net.backward()
+        second_pass(net, share)
         grads.append([p.diff.copy() for p in net.learnable_params])
     for a, b in zip(*grads):
         assert a.tobytes() == b.tobytes()
+
+
+def test_a_reshape_between_forward_and_backward_keeps_the_argmax(monkeypatch):
+    """Backward after a forward whose pooling planned anew (a batch change) reads the argmax
+    that forward wrote: bits as without sharing."""
+    def second_pass(net, share):
+        _feed(net, 6, 1)           # the plan's signature changes; forward from layer 0
+        net.forward()
+        net.backward()
+    _gradients_match_unshared(monkeypatch, second_pass)
 
 
 def test_test_nets_and_plain_nets_keep_their_own_diffs():
@@ -138,17 +145,9 @@ def test_placement_never_overlaps_items_live_together(seed):
 def test_planning_a_planned_net_again_keeps_live_gradients_apart(monkeypatch):
     """A second plan sees every shared diff in one arena: it must still tell the blobs apart
     (by address), or blobs live together would land on one place."""
-    grads = []
-    for share in (False, True):
-        solver = _solver(monkeypatch, share)
-        net = solver.net
-        _feed(net, 4, 0)
-        net.forward()
-        net.backward()
+    def second_pass(net, share):
         if share:
             diff_sharing.plan(net, saved=True)     # again, over the arena of the first plan
         net.forward()
         net.backward()
-        grads.append([p.diff.copy() for p in net.learnable_params])
-    for a, b in zip(*grads):
-        assert a.tobytes() == b.tobytes()
+    _gradients_match_unshared(monkeypatch, second_pass)
