@@ -170,8 +170,8 @@ VARIABLES = (
        "seconds a communicator wait may take before the job is aborted; 0 disables "
        "(caffe_engine/comm/communicator.py)", _seconds),
     _V("CAFFE_COST_MODEL", "engine", "built-in",
-       "an AlphaBetaModel JSON file for the auto bucket plan "
-       "(caffe_engine/comm/data_parallel.py)", _text),
+       "an AlphaBetaModel JSON file for the auto bucket plan and --fc_parallel auto's link "
+       "(caffe_engine/comm/data_parallel.py, comm/hybrid_train.py)", _text),
     _V("CAFFE_PEER_WATCH", "engine", "1",
        "0: rank 0 does not watch the other ranks' sockets (caffe_engine/comm/peer_watch.py)",
        _on_unless_zero),

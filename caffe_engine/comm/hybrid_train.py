@@ -154,7 +154,9 @@ def choose_groups(net, comm, override=None):
     for name, (i, group) in settings.items():
         if group == "auto":
             from .hybrid_cost import best_group, divisors
-            link = _link(comm) if link is None else link
+            link = _link(comm) if link is None else link      # collective: every rank
+            if comm.rank != 0:
+                continue            # rank 0's choice is everybody's (the allgather below)
             k, n, m = _layer_shape(net, i)
             group = best_group(k, n, m, size, link, comm.name, _gemm_flops(k, n, m))
             if group > n:       # a slice per rank needs N >= G
