@@ -52,7 +52,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,6 +64,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, TOOLS)
 
 import _launch  # noqa: E402
+import scaling_check  # noqa: E402  (the ranks' environment and the log's rates, as its runs)
 
 from caffe_engine.comm.hybrid_cost import Link, divisors  # noqa: E402
 from caffe_engine.io import prototxt  # noqa: E402
@@ -77,7 +77,7 @@ NETS = {"caffenet": ("natanielruiz__net-archive/caffenet-flowers/train_val.proto
         "vgg16": ("natanielruiz__net-archive/vgg_ilsvrc_16/VGG_ILSVRC_16_layers_deploy.prototxt",
                   1000)}
 DATA_TYPES = ("Data", "ImageData", "Input", "HDF5Data", "DummyData", "MemoryData", "WindowData")
-RATE_LINE = re.compile(r"Iteration (\d+) \(([0-9.e+-]+) iter/s")
+RATE_LINE = scaling_check._RATE_LINE
 RSS_LINE = re.compile(r"hybrid_check: rank peak RSS (\d+) kB")
 HYBRID_LINE = re.compile(r"hybrid \(PCL-DNN\) layers: ([^\n]*)")
 #: Each rank runs caffe under this wrapper, which reports its children's peak RSS (the
@@ -191,17 +191,6 @@ def run_key(run):
 
 
 # -- one run -----------------------------------------------------------------------------------
-def rank_env(threads=1, netmod="ofi"):
-    """The ranks' environment: one BLAS thread, MPICH's network module, overlap as default."""
-    env = dict(os.environ)
-    env.pop("CAFFE_GRAD_OVERLAP", None)
-    env.update({v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                          "MKL_NUM_THREADS")})
-    if netmod and netmod != "default":
-        env["MPIR_CVAR_CH4_NETMOD"] = netmod
-    return env
-
-
 def rank_argv(solver_path, comm, fc):
     """What each rank runs: ``caffe train`` under :data:`RSS_WRAPPER`."""
     argv = [sys.executable, "-c", RSS_WRAPPER, "train", f"--solver={solver_path}",
@@ -252,7 +241,7 @@ def measure(run, solver_path, args):
     """One training run of :func:`grid`'s ``run``; returns its record (module docstring)."""
     netlab = _launch.load_tool("netlab")
     argv = rank_argv(solver_path, args.comm, run["fc"])
-    env = rank_env(1, args.netmod)
+    env = scaling_check.run_env(threads=1, netmod=args.netmod)
     load = os.getloadavg()[0]
     t0 = time.time()
     popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
@@ -267,13 +256,13 @@ def measure(run, solver_path, args):
             text, samples, expired = watch(
                 proc, args.skip, lambda: [lab.tx_bytes(h.name) for h in lab.hosts],
                 args.timeout)
-    rates = [float(r) for it, r in RATE_LINE.findall(text) if int(it) > args.skip]
+    rates, median = scaling_check.run_rate(text, args.skip)
     rss = [int(kb) / 1024 for kb in RSS_LINE.findall(text)]
     busiest, mean = wire_bytes(samples)
     chosen = HYBRID_LINE.search(text)
     out = dict(run, key=run_key(run), batch=args.batch, rates=rates,
                hybrid_layers=chosen.group(1).strip() if chosen else None,
-               median_it_s=statistics.median(rates) if rates else None,
+               median_it_s=median,
                wire_bytes_max=busiest, wire_bytes_mean=mean,
                rss_mb=rss, rss_mb_max=max(rss) if rss else None,
                load_before=round(load, 2), seconds=round(time.time() - t0, 1),
