@@ -90,6 +90,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _launch  # noqa: E402  (tools/_launch.py: loads netlab.py beside this script)
+import bench_train  # noqa: E402  (BLAS_OVERRIDES: the variables a user's machine lacks)
 
 from caffe_engine.backend import cpu_cores  # noqa: E402
 from caffe_engine.perf import alpha_beta, compressed, iteration, link_model  # noqa: E402
@@ -417,8 +418,11 @@ def train_argv(solver_path, comm, bucket, compress=None, density=None, error_fee
 
 
 def run_env(overlap=None, threads=None, netmod=None, cost_model_path=None):
-    """The ranks' environment: overlap switch, BLAS threads, MPICH netmod, auto's cost model."""
-    env = dict(os.environ)
+    """The ranks' environment: overlap switch, BLAS threads, MPICH netmod, auto's cost model;
+    without ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE`` (``bench_train.BLAS_OVERRIDES``), which
+    force a kernel below this CPU's instruction set that a user's machine would not."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in bench_train.BLAS_OVERRIDES}
     env.pop("CAFFE_GRAD_OVERLAP", None)
     if overlap is not None:
         env["CAFFE_GRAD_OVERLAP"] = OVERLAP_ENV[overlap]
