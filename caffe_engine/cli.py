@@ -170,6 +170,8 @@ def _train(flags, ctx):
             solver.restore(flags["snapshot"])
         logger.info("Starting Optimization")
         solver.solve()
+    for callback in callbacks:
+        callback.close()
     logger.info("Optimization Done.")
     return 0
 

@@ -331,6 +331,16 @@ class Communicator:
         """List of every rank's picklable ``obj``, in rank order."""
         raise NotImplementedError
 
+    def over(self, comm, members):
+        """A communicator of this algorithm, with this one's options, over ``comm`` (an mpi4py
+        communicator of the world ranks ``members``, this rank among them): what PCL-DNN's
+        replica groups allreduce over (:mod:`.model_parallel`). Collective over ``comm``.
+
+        Raises:
+            CaffeError: an algorithm that cannot run over a sub-communicator.
+        """
+        raise CaffeError(f"communicator '{self.name}' cannot run over a sub-communicator")
+
     def close(self):
         """Release threads and duplicated MPI communicators (collective)."""
 
@@ -393,6 +403,11 @@ class MPICommunicator(Communicator):
         comm: an mpi4py communicator (default ``MPI.COMM_WORLD``); it is duplicated twice.
         timeout: see :class:`Communicator`.
     """
+
+    def over(self, comm, members):
+        """The same algorithm over ``comm``; algorithms with options override this to pass
+        theirs on (see :meth:`Communicator.over`)."""
+        return type(self)(comm, timeout=self.timeout)
 
     def __init__(self, comm=None, timeout=None):
         MPI = mpi_module()

@@ -246,6 +246,12 @@ class DataParallel:
         """The root has snapshot, or finished: wait for it."""
         self._wait_for_root()
 
+    def close(self):
+        """After training: free what the hybrid layers made (collective over the world; the
+        world communicator itself is the caller's)."""
+        if self.hybrid is not None:
+            self.hybrid.close()
+
     # -- compression ----------------------------------------------------------------------
     def _compression_text(self):
         """The ``Data parallel`` line's tail: the compression and what it sends."""

@@ -305,6 +305,15 @@ class HierarchicalCommunicator(MPICommunicator):
         finally:
             lane.Free()
 
+    def over(self, comm, members):
+        """The same hierarchy over ``comm``: each member keeps its node (``node_of`` of the
+        world ranks ``members``), the inter-node algorithm, chunk and window; ``lanes`` takes
+        its default for the sub-communicator."""
+        return HierarchicalCommunicator(comm, inter=self.inter,
+                                        nodes=[self.node_of[r] for r in members],
+                                        chunk_bytes=self.chunk_bytes, window=self.window,
+                                        timeout=self.timeout)
+
     def close(self):
         if self._inner is not None:
             self._inner.close()

@@ -34,7 +34,7 @@ import time
 
 import numpy
 
-from .. import backend, environment
+from .. import backend, environment, kernels
 from ..blob import Blob
 from ..errors import CaffeError
 from ..layers import model_parallel as mp
@@ -88,13 +88,21 @@ def _layer_shape(net, index):
     return bottom.count_range(axis), int(ip.num_output), bottom.count_range(0, axis)
 
 
-def _gemm_flops(k, n, m, reps=3):
-    """FLOP/s of this rank's float32 GEMM (M, K) x (K, N), median of ``reps`` runs."""
-    a, b = numpy.ones((m, k), f32), numpy.ones((k, n), f32)
+def _gemm_flops(layer, m, reps=3):
+    """FLOP/s of InnerProduct ``layer``'s forward product on this rank: its kernel set's
+    ``matmul`` of an (M, K) float32 input by its own weights, on the weights' device (CuPy's
+    GEMM on a GPU run), median of ``reps`` runs after one untimed."""
+    weight = layer.blobs[0].data
+    xp = backend.get_array_module(weight)
+    transpose = layer.param.inner_product_param.transpose
+    k, n = weight.shape if transpose else weight.shape[::-1]
+    x, y = xp.ones((m, k), f32), xp.empty((m, n), f32)
+    ks = kernels.for_array(weight)
     runs = []
     for _ in range(reps + 1):
         t0 = time.perf_counter()
-        numpy.dot(a, b)
+        ks.matmul(x, weight, y, trans_b=not transpose)
+        float(y[0, 0])              # the product has finished (a device sync on a GPU)
         runs.append(time.perf_counter() - t0)
     return 2.0 * m * k * n / max(float(numpy.median(runs[1:])), 1e-9)
 
@@ -158,7 +166,7 @@ def choose_groups(net, comm, override=None):
             if comm.rank != 0:
                 continue            # rank 0's choice is everybody's (the allgather below)
             k, n, m = _layer_shape(net, i)
-            group = best_group(k, n, m, size, link, comm.name, _gemm_flops(k, n, m))
+            group = best_group(k, n, m, size, link, comm.name, _gemm_flops(net.layers[i], m))
             if group > n:       # a slice per rank needs N >= G
                 group = max(g for g in divisors(size) if g <= n)
         if group > 1:
@@ -281,6 +289,12 @@ class HybridLayers:
         self.syncs = {g: GradientSync(self._subset(net, g), groups.replicas, bucket_mb=mb,
                                       op="sum") for g, groups in self.groups.items()}
         net.after_backward(self.on_layer_backward_done, sees_blobs=False)
+
+    def close(self):
+        """Free the groups' and replicas' communicators (collective over the world)."""
+        for groups in self.groups.values():
+            groups.close()
+        self.groups = {}
 
     def _subset(self, net, group):
         """The train net seen through the slices of the layers of group size ``group``."""

@@ -17,7 +17,6 @@ import numpy
 
 from ..errors import CaffeError
 from ..layers.model_parallel import GroupCollectives, LocalGroup
-from . import registry
 from .communicator import WATCHDOG, LocalCommunicator, _is_cupy
 from .launcher import mpi_module
 
@@ -140,29 +139,16 @@ def _mpi_comm_of(world):
     return comm
 
 
-def _same_options(world, members):
-    """The world communicator's options for its algorithm over the world ranks ``members``."""
-    if world.name == "tree":
-        return {"branching": world.branching, "chunk_bytes": world.chunk_elems * 4,
-                "window": world.window}
-    if world.name == "hier":
-        return {"inter": world.inter, "chunk_bytes": world.chunk_bytes, "window": world.window,
-                "nodes": [world.node_of[r] for r in members]}
-    if world.name == "nccl":
-        return {"device": world.device}
-    return {}
-
-
 def replica_communicator(world, comm, members):
     """A communicator of ``world``'s algorithm (and options) over ``comm``, the mpi4py
     communicator of the world ranks ``members``; the single-process one when it has one rank.
-    Every algorithm registered today (tree, ring, ps, mpi, hier, nccl) runs on a
-    sub-communicator; ``tree``'s ``lag`` and ``hier``'s ``lanes`` take their defaults for
-    the sub-communicator's size (collective over ``comm``)."""
+    Each algorithm makes itself over a sub-communicator (:meth:`Communicator.over`): every
+    one registered today (tree, ring, ps, mpi, hier, nccl) does; ``tree``'s ``lag`` and
+    ``hier``'s ``lanes`` take their defaults for the sub-communicator's size (collective over
+    ``comm``)."""
     if comm.Get_size() == 1:
         return LocalCommunicator(world.name)
-    cls = registry.algorithm_class(world.name)
-    return cls(comm, timeout=world.timeout, **_same_options(world, members))
+    return world.over(comm, members)
 
 
 class HybridGroups:

@@ -188,6 +188,11 @@ class NCCLCommunicator(Communicator):
             self.nccl_comm = nccl.NcclCommunicator(self.size, uid, self.rank)
             self._stream = cupy.cuda.Stream(non_blocking=True)
 
+    def over(self, comm, members):
+        """NCCL over ``comm`` on this rank's device (the communicator keeps ``comm``: the
+        caller frees it after :meth:`close`)."""
+        return NCCLCommunicator(comm, device=self.device, timeout=self.timeout)
+
     def _device_buffer(self, buf, what, any_dtype=False):
         if not type(buf).__module__.startswith("cupy"):
             raise CaffeError(f"communicator 'nccl': {what} needs a CuPy array on the GPU, "

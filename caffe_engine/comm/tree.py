@@ -124,6 +124,12 @@ class TreeCommunicator(MPICommunicator):
         self.depth = tree_depth(self.size, self.branching)
         self.lag = 2 * self.depth + 1 if lag is None else int(lag)
 
+    def over(self, comm, members):
+        """The tree over ``comm`` with this one's branching, chunk and window; ``lag`` takes
+        its default for the sub-communicator's depth."""
+        return TreeCommunicator(comm, branching=self.branching, chunk_bytes=self.chunk_elems * 4,
+                                window=self.window, timeout=self.timeout)
+
     def _allreduce_sum(self, comm, flat, stage=NO_STAGE):
         MPI = self.MPI
         F = MPI.FLOAT

@@ -104,3 +104,30 @@ def test_bad_sizes_are_refused():
         hc.layer_time(3, 4, 2, 6, 4, LINK, "ring", FLOPS)
     with pytest.raises(ValueError):
         hc.layer_time(3, 4, 0, 4, 1, LINK, "ring", FLOPS)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_gemm_rate_times_the_layers_own_product(transpose, monkeypatch):
+    """``--fc_parallel auto``'s compute rate: the layer's kernel set multiplies an (M, K)
+    input by the layer's own weights (N, K), or (K, N) with ``transpose``."""
+    import caffe
+    from caffe_engine import kernels
+    from caffe_engine.comm import hybrid_train
+    from caffe_engine.net_spec import NetSpec, layers as L
+    ns = NetSpec()
+    ns.data = L.Input(shape=dict(dim=[4, 3, 2, 2]))
+    ns.ip = L.InnerProduct(ns.data, num_output=5, transpose=transpose)
+    net = caffe.Net(ns.to_proto(), caffe.TEST)
+    layer = net.layers[list(net._layer_names).index("ip")]
+    seen = []
+    ks = kernels.for_array(layer.blobs[0].data)
+    real = ks.matmul
+
+    def spy(a, b, c, **kw):
+        seen.append((a.shape, b is layer.blobs[0].data, c.shape, kw))
+        return real(a, b, c, **kw)
+    monkeypatch.setattr(type(ks), "matmul", staticmethod(spy))
+    rate = hybrid_train._gemm_flops(layer, 7)
+    assert rate > 0
+    assert seen[0] == ((7, 12), True, (7, 5), {"trans_b": not transpose})
+    assert len(seen) == 4

@@ -10,6 +10,7 @@ import pytest
 
 import fake_cupy
 from caffe_engine import backend
+from caffe_engine.comm.hier import group_nodes
 from caffe_engine.comm.model_parallel import HybridGroups
 from caffe_engine.errors import CaffeError
 from hybrid_ip import ATOL, CASES, RTOL, assert_rows, make_ip, rank_data, reference, run_layer
@@ -110,6 +111,31 @@ def test_replicas_run_the_worlds_algorithm(make, name):
     finally:
         groups.close()
     check_against_one_layer(comm, group_size, "transpose")
+
+
+@pytest.mark.parametrize("name, opts, kept", [
+    ("tree", {"branching": 3, "chunk_bytes": 4096, "window": 3},
+     {"branching": 3, "chunk_elems": 1024, "window": 3}),
+    ("hier", {"inter": "tree", "chunk_bytes": 8192, "window": 4},
+     {"inter": "tree", "chunk_bytes": 8192, "window": 4})])
+def test_replicas_keep_the_worlds_options(make, name, opts, kept):
+    comm = make(name, **opts)
+    group_size = 2 if comm.size % 2 == 0 else 1
+    groups = HybridGroups(comm, group_size)
+    try:
+        replicas = groups.replicas
+        if replicas.size > 1:
+            assert replicas.name == name
+            assert {key: getattr(replicas, key) for key in kept} == kept
+            assert replicas.timeout == comm.timeout
+            if name == "hier":   # replicas on one world node share a node (renumbered)
+                assert replicas.node_of == group_nodes(
+                    [comm.node_of[r] for r in groups.replica_members])
+        buf = numpy.full(5, comm.rank + 1, numpy.float32)
+        replicas.allreduce_(buf, op="sum")
+        assert (buf == sum(r + 1 for r in groups.replica_members)).all()
+    finally:
+        groups.close()
 
 
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
