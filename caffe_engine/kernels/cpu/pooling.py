@@ -268,10 +268,13 @@ class FlatTables:
     @staticmethod
     def fits(g):
         """True when the flat run pays: at most 32 cells a window, at least half the run's
-        lanes outputs, and two vectors of outputs a plane."""
-        (W, OH, OW) = g.in_hw[1], *g.out_hw
+        lanes outputs, two vectors of outputs a plane, and strides above 1 only on rows of at
+        most two vectors (wider rows fill the vectors of :func:`max_forward` already, and the
+        phases' copy costs more than it saves there)."""
+        W, (OH, OW) = g.in_hw[1], g.out_hw
         Q = max(OW, -(-W // g.stride[1]))
-        return g.kernel[0] * g.kernel[1] <= 32 and 2 * OW >= Q and OH * OW >= 2 * simd_width
+        return (g.kernel[0] * g.kernel[1] <= 32 and 2 * OW >= Q and OH * OW >= 2 * simd_width
+                and (g.stride == (1, 1) or OW <= 2 * simd_width))
 
 
 class PoolPlan:
