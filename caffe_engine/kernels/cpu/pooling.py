@@ -1,9 +1,18 @@
-"""MAX and AVE pooling on the CPU: Caffe's loops in Numba, vectorised along an output row.
+"""MAX and AVE pooling on the CPU: Caffe's loops in Numba, vectorised over outputs.
 
-Caffe: src/caffe/layers/pooling_layer.cpp. For each output row, a vector of outputs at a time
-holds its windows in registers (:func:`.simd.pool_window`, strides 1 and 2; other strides
-element by element), the window cells visited in Caffe's scan order (window rows, then columns)
-and cells outside the input left out lane by lane:
+Caffe: src/caffe/layers/pooling_layer.cpp. Forward holds a vector of outputs' windows at a time
+in registers, the window cells visited in Caffe's scan order (window rows, then columns) and
+cells outside the input left out lane by lane, in one of two ways:
+
+* a plane's outputs as one flat run of whole vectors (:class:`FlatTables`,
+  :func:`.simd.pool_flat`): where short rows (GoogLeNet's 28, 14 and 7 wide planes) would
+  leave most of a vector empty. Each window cell lies at a constant offset from its output in
+  the plane (stride 1, "same" pooling) or in the plane's stride phases (a copy that splits the
+  rows and columns by their remainder modulo the stride);
+* otherwise one output row at a time (:func:`.simd.pool_window`, strides 1 and 2; other strides
+  element by element).
+
+In both:
 
 * MAX keeps Caffe's strict ``>`` from ``-FLT_MAX`` per output (the first maximum wins, NaN never
   wins) and the argmax ``h * W + w`` (int32, -1 when nothing beat ``-FLT_MAX``);
