@@ -233,11 +233,12 @@ class FlatTables:
 
     The plane is read through its stride phases (:func:`split_phases`): phase ``(a, b)`` holds
     the inputs ``(sh R + a, sw C + b)`` at ``(R, C)``, rows of ``Q`` floats, with ``Q = max(OW,
-    ceil(W / sw))``, phases ``plane`` floats apart; outputs ``(oh, ow)`` run at ``e = oh Q + ow`` (the lanes
-    ``ow >= OW`` are left out). Window cell ``(i, j)`` (``c = i kw + j``, Caffe's scan order),
-    with ``i - ph = sh qi + a`` and ``j - pw = sw qj + b``, is then phase ``(a, b)``'s ``(oh + qi,
-    ow + qj)``: the constant offset ``offsets[c]`` (int64) from ``e``. With stride 1 and
-    ``Q == W`` the phase is the plane itself (no copy: "same" pooling, Caffe's inception pools).
+    ceil(W / sw))``, phases ``plane`` floats apart; outputs ``(oh, ow)`` run at ``e = oh Q +
+    ow`` (the lanes ``ow >= OW`` are left out). Window cell ``(i, j)`` (``c = i kw + j``,
+    Caffe's scan order), with ``i - ph = sh qi + a`` and ``j - pw = sw qj + b``, is then phase
+    ``(a, b)``'s ``(oh + qi, ow + qj)``: the constant offset ``offsets[c]`` (int64) from ``e``.
+    With stride 1 and ``Q == W`` the phase is the plane itself (no copy: "same" pooling,
+    Caffe's inception pools).
 
     ``where`` (int32, cells) ``(i - ph) W + (j - pw)`` and ``origin`` (int32, the run) ``sh oh W
     + sw ow``: the argmax is their sum. ``valid`` the cells inside the input (Caffe's window
