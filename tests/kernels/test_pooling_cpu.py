@@ -126,12 +126,11 @@ def test_net_pools(hw, kernel, stride, pad, method, threads):
     assert_same(g, x, dy, threads)
 
 
-@pytest.mark.parametrize("hw,kernel,stride,pad", NET_POOLS[:7])
+@pytest.mark.parametrize("hw,kernel,stride,pad", NET_POOLS[:3] + NET_POOLS[5:7])
 def test_net_pools_take_the_flat_runs(hw, kernel, stride, pad):
-    """GoogLeNet's MAX pools (but pool1's wide rows) run as flat runs: the tests above cover
-    that path."""
-    g = geometry(hw, kernel, stride, pad, MAX)
-    assert FlatTables.fits(g) == (hw != (112, 112))
+    """GoogLeNet's inception pools and pool3/pool4 run as flat runs (with 8 or 16 lanes a
+    vector): the tests above cover that path."""
+    assert FlatTables.fits(geometry(hw, kernel, stride, pad, MAX))
 
 
 def test_all_ties_first_cell_wins():
