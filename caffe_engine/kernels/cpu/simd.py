@@ -569,6 +569,255 @@ def _pool_sum_typer(w, stride):
     return typer
 
 
+# ------------------------------------------------------------------------------------------------
+# Pooling over a flat run of outputs: whole vectors, cells found through tables
+# ------------------------------------------------------------------------------------------------
+#: vectors of outputs a pass of :func:`pool_flat` keeps in flight (independent chains of
+#: compares and blends, or of adds, hide their latency)
+FLAT_CHUNKS = 4
+
+
+def _flat_groups(builder, w, n_, body):
+    """``for`` each group of :data:`FLAT_CHUNKS` vectors of the run ``[0, n)``:
+    ``body(builder, ats, masks, whole)``, the chunks' first elements, their <w x i1> lanes < n
+    and whether the group lies wholly inside the run (an i1: its stores need no mask)."""
+    wc = ir.Constant(I64, w)
+    span = ir.Constant(I64, w * FLAT_CHUNKS)
+    groups = builder.sdiv(builder.add(n_, ir.Constant(I64, w * FLAT_CHUNKS - 1)), span)
+
+    def group(builder, g):
+        ats, masks = [], []
+        for u in range(FLAT_CHUNKS):
+            at = builder.add(builder.mul(g, span), ir.Constant(I64, u * w))
+            count = builder.sub(n_, at)
+            count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+            count = builder.select(builder.icmp_signed("<", count, ir.Constant(I64, 0)),
+                                   ir.Constant(I64, 0), count)
+            ats.append(at)
+            masks.append(_mask(builder, count, w))
+        whole = builder.icmp_signed("<=", builder.add(ats[0], span), n_)
+        body(builder, ats, masks, whole)
+    _counted_loop(builder, groups, group)
+
+
+def _put(builder, whole, stores):
+    """The ``stores`` ``(value, pointer, mask, masked_store)``: plain stores when ``whole``
+    (masked stores cost several times a plain one on some CPUs), else masked."""
+    with builder.if_else(whole) as (plain, masked):
+        with plain:
+            for value, pointer, _, _ in stores:
+                builder.store(value, pointer, align=4)
+        with masked:
+            for value, pointer, mask, store in stores:
+                builder.call(store, [value, pointer, ir.Constant(I32, 4), mask])
+
+
+def _cell_mask(builder, pmask, at, cells_, c, w):
+    """<w x i1>: the lanes of the chunk starting at element ``at`` whose window cell ``c``
+    lies inside the input: ``w`` bits read from the byte table ``pmask`` (``w // 8`` bytes per
+    chunk and cell, chunks ``cells`` entries apart), so that the mask costs a load only."""
+    mt = ir.IntType(w)
+    entry = builder.add(builder.mul(builder.sdiv(at, ir.Constant(I64, w)), cells_), c)
+    p = builder.gep(pmask, [builder.mul(entry, ir.Constant(I64, w // 8))])
+    return builder.bitcast(builder.load(builder.bitcast(p, mt.as_pointer()), align=1),
+                           ir.VectorType(ir.IntType(1), w))
+
+
+@functools.lru_cache(maxsize=None)
+def pool_flat(kind):
+    """A pooling window over a flat run of outputs whose cells lie at constant offsets, whole
+    vectors at a time (:data:`FLAT_CHUNKS` in flight), cells inside the input told by a table.
+
+    Output ``e < n`` of the run reads its window cell ``c < cells`` (Caffe's scan order: window
+    rows, then columns) at ``x[x0 + e + offsets[c]]`` when bit ``e % W`` of the ``W``-bit
+    little-endian mask ``valid[(e // W) cells + c]`` is set (``W = vector_width()``; ``valid``
+    a uint8 array, ``W // 8`` bytes an entry) and leaves the cell out otherwise. ``valid`` and
+    ``origin`` (int32) must be readable to a multiple of ``FLAT_CHUNKS * W`` outputs past ``n``
+    (zeros).
+
+    ``kind`` "max": ``run(x, x0, offsets, where, cells, valid, origin, best, arg, b0, n)`` sets
+    ``best[b0 + e]`` to the first maximum (strict ``>`` from ``-FLT_MAX``, NaN never wins) and
+    ``arg[b0 + e]`` (int32) to ``origin[e] + where[c]`` of its cell, -1 when nothing beat
+    ``-FLT_MAX``. ``kind`` "sum": ``run(x, x0, offsets, cells, valid, total, t0, n)`` sets
+    ``total[t0 + e]`` to the sum of the same cells added in the same order from ``+0``.
+    ``offsets`` int64, ``where`` int32.
+    """
+    w = vector_width()
+    typer = _flat_max_typer(w) if kind == "max" else _flat_sum_typer(w)
+    typer.__name__ = f"pool_flat_{kind}"
+    return intrinsic(typer)
+
+
+def _flat_max_typer(w):
+    flt_max = float(numpy.finfo(numpy.float32).max)
+
+    def typer(typingctx, x, x0, offsets, where, cells, valid, origin, best, arg, b0, n):
+        i64 = types.int64
+        sig = types.void(x, i64, offsets, where, i64, valid, origin, best, arg, i64, i64)
+        return sig, codegen
+
+    def codegen(context, builder, signature, args):
+        x_, x0_, off_, where_, cells_, valid_, origin_, best_, arg_, b0_, n_ = args
+        sa = signature.args
+        px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+        poff = _data(context, builder, sa[2], off_)
+        pwhere = _data(context, builder, sa[3], where_)
+        pvalid = _data(context, builder, sa[5], valid_)
+        porigin = _data(context, builder, sa[6], origin_)
+        pb = builder.gep(_data(context, builder, sa[7], best_), [b0_])
+        pa = builder.gep(_data(context, builder, sa[8], arg_), [b0_])
+        vt, it = _vt(w), ir.VectorType(I32, w)
+        mload, mstore = _masked(builder, w)
+        _, istore = _int_masked(builder, w)
+        align = ir.Constant(I32, 4)
+        low = ir.Constant(vt, [-flt_max] * w)
+
+        def ivec(ptr, at):
+            return builder.load(builder.bitcast(builder.gep(ptr, [at]), it.as_pointer()),
+                                align=4)
+
+        def chains():
+            return ([cgutils.alloca_once_value(builder, low) for _ in range(FLAT_CHUNKS)],
+                    [cgutils.alloca_once_value(builder, ir.Constant(it, [-1] * w))
+                     for _ in range(FLAT_CHUNKS)])
+
+        def scan(builder, ats, c, chain):
+            """Cell ``c`` into the running maxima ``chain``, one chunk of outputs each."""
+            off = builder.load(builder.gep(poff, [c]))
+            cell = _splat_int(builder, builder.load(builder.gep(pwhere, [c])), w)
+            for at, bv, av in zip(ats, *chain):
+                # a zeroing masked load (a load only), a compare under the mask
+                inside = _cell_mask(builder, pvalid, at, cells_, c, w)
+                p = _vptr(builder, px, builder.add(at, off), w)
+                v = builder.call(mload, [p, align, inside, ir.Constant(vt, [0.0] * w)])
+                old = builder.load(bv)
+                gt = builder.and_(builder.fcmp_ordered(">", v, old), inside)
+                builder.store(builder.select(gt, v, old), bv)
+                builder.store(builder.select(gt, cell, builder.load(av)), av)
+
+        def body(builder, ats, masks, whole):
+            # Two running maxima per chunk (twice the chains in flight): the first half of
+            # the cells, ``c < h``, and the rest. The later half's maximum replaces the first
+            # half's only when strictly greater, which keeps the first maximum in scan order.
+            first, later = chains(), chains()
+            h = builder.sdiv(builder.add(cells_, ir.Constant(I64, 1)), ir.Constant(I64, 2))
+
+            def pair(builder, c):
+                scan(builder, ats, c, first)
+                scan(builder, ats, builder.add(h, c), later)
+            _counted_loop(builder, builder.sub(cells_, h), pair)
+            with builder.if_then(builder.icmp_signed(">", builder.add(h, h), cells_)):
+                scan(builder, ats, builder.sub(h, ir.Constant(I64, 1)), first)
+            stores = []
+            for at, mask, bv, av, lv, la in zip(ats, masks, *first, *later):
+                top, late = builder.load(bv), builder.load(lv)
+                gt = builder.fcmp_ordered(">", late, top)
+                top = builder.select(gt, late, top)
+                arg = builder.select(gt, builder.load(la), builder.load(av))
+                won = builder.fcmp_ordered(">", top, low)
+                idx = builder.select(won, builder.add(ivec(porigin, at), arg),
+                                     ir.Constant(it, [-1] * w))
+                stores += [(top, _vptr(builder, pb, at, w), mask, mstore),
+                           (idx, builder.bitcast(builder.gep(pa, [at]), it.as_pointer()), mask,
+                            istore)]
+            _put(builder, whole, stores)
+        _flat_groups(builder, w, n_, body)
+        return context.get_dummy_value()
+    return typer
+
+
+def _flat_sum_typer(w):
+    def typer(typingctx, x, x0, offsets, cells, valid, total, t0, n):
+        i64 = types.int64
+        sig = types.void(x, i64, offsets, i64, valid, total, i64, i64)
+        return sig, codegen
+
+    def codegen(context, builder, signature, args):
+        x_, x0_, off_, cells_, valid_, tot_, t0_, n_ = args
+        sa = signature.args
+        px = builder.gep(_data(context, builder, sa[0], x_), [x0_])
+        poff = _data(context, builder, sa[2], off_)
+        pvalid = _data(context, builder, sa[4], valid_)
+        pt = builder.gep(_data(context, builder, sa[5], tot_), [t0_])
+        vt = _vt(w)
+        mload, mstore = _masked(builder, w)
+        align = ir.Constant(I32, 4)
+        zero = ir.Constant(vt, [0.0] * w)
+
+        def body(builder, ats, masks, whole):
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in ats]
+
+            def per_cell(builder, c):
+                off = builder.load(builder.gep(poff, [c]))
+                for at, acc in zip(ats, accs):
+                    p = _vptr(builder, px, builder.add(at, off), w)
+                    inside = _cell_mask(builder, pvalid, at, cells_, c, w)
+                    v = builder.call(mload, [p, align, inside, zero])
+                    builder.store(builder.fadd(builder.load(acc), v), acc)
+            _counted_loop(builder, cells_, per_cell)
+            _put(builder, whole, [(builder.load(acc), _vptr(builder, pt, at, w), mask, mstore)
+                                  for at, mask, acc in zip(ats, masks, accs)])
+        _flat_groups(builder, w, n_, body)
+        return context.get_dummy_value()
+    return typer
+
+
+@intrinsic
+def split_pairs(typingctx, dst, d_even, d_odd, src, s0, n, readable):
+    """``dst[d_even + C] = src[s0 + 2 C]`` and ``dst[d_odd + C] = src[s0 + 2 C + 1]`` for the
+    ``n`` floats ``src[s0:s0 + n]`` (a row split into its even and odd columns: two loads and
+    two shuffles a vector of each), bit for bit. Whole vectors are stored: ``dst`` must be
+    writable ``vector_width()`` floats past each half's end (what lies there is overwritten);
+    ``readable`` floats from ``src[s0]`` on may be read (masked loads past them)."""
+    w = vector_width()
+    i64 = types.int64
+    sig = types.void(dst, i64, i64, src, i64, i64, i64)
+
+    def codegen(context, builder, signature, args):
+        dst_, de_, do_, src_, s0_, n_, readable_ = args
+        sa = signature.args
+        pd = _data(context, builder, sa[0], dst_)
+        pe, po = builder.gep(pd, [de_]), builder.gep(pd, [do_])
+        ps = builder.gep(_data(context, builder, sa[3], src_), [s0_])
+        mload, _ = _masked(builder, w)
+        wc = ir.Constant(I64, w)
+        undef = ir.Constant(_vt(w), ir.Undefined)
+        steps = builder.sdiv(builder.add(n_, ir.Constant(I64, 2 * w - 1)),
+                             ir.Constant(I64, 2 * w))
+
+        def load(builder, start):
+            p = _vptr(builder, ps, start, w)
+            inside = builder.icmp_signed("<=", builder.add(start, wc), readable_)
+            with builder.if_else(inside) as (plain, masked):
+                with plain:
+                    whole = builder.load(p, align=4)
+                    plain_block = builder.block
+                with masked:
+                    count = builder.sub(readable_, start)
+                    count = builder.select(builder.icmp_signed("<", count, ir.Constant(I64, 0)),
+                                           ir.Constant(I64, 0), count)
+                    part = builder.call(mload, [p, ir.Constant(I32, 4), _mask(builder, count, w),
+                                                undef])
+                    masked_block = builder.block
+            v = builder.phi(_vt(w))
+            v.add_incoming(whole, plain_block)
+            v.add_incoming(part, masked_block)
+            return v
+
+        def chunk(builder, i):
+            at = builder.mul(i, wc)
+            first = builder.add(at, at)
+            halves = [load(builder, builder.add(first, ir.Constant(I64, half * w)))
+                      for half in range(2)]
+            for parity, pdst in ((0, pe), (1, po)):
+                v = builder.shuffle_vector(halves[0], halves[1], ir.Constant(
+                    ir.VectorType(I32, w), [2 * e + parity for e in range(w)]))
+                builder.store(v, _vptr(builder, pdst, at, w), align=4)
+        _counted_loop(builder, steps, chunk)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 def _splat_i64(builder, value, w):
     vt = ir.VectorType(I64, w)
     vec = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(I32, 0))
