@@ -22,7 +22,11 @@ geometry guarantees them; the tests compare every caller with the NumPy referenc
 * :func:`total` ``(src, s0, n)``: a float32 sum in a fixed order (lane-wise, then the lanes).
 * :func:`pool_window` ``(kind, stride)``: MAX or AVE pooling's window for a row of outputs;
   :func:`window_spread`: AVE pooling's backward for a row of inputs.
-* :func:`gather_plus` and :func:`scatter_copy`: strided copies (vector gathers and scatters).
+* :func:`gather_plus` and :func:`scatter_copy`: strided copies (vector gathers and scatters);
+  :func:`split_pairs` and :func:`merge_pairs`: a row's even and odd floats apart and back
+  together (stride 2, by shuffles).
+* :func:`taps_rows` and :func:`dot_taps_rows`: a depthwise convolution's table of taps over
+  rows of outputs, summed in registers; the weight gradient's shifted dot products.
 """
 import functools
 
