@@ -759,6 +759,8 @@ leaf8x4 = _leaf8_intrinsic(4)
 # ------------------------------------------------------------------------------------------------
 #: Rows of :func:`taps_rows` (chunks of :func:`dot_taps_rows`) carried in registers at once.
 _UNROLL = 4
+#: Taps of :func:`dot_taps_rows` summed in one pass over ``a`` (a kernel row of a 3x3 kernel).
+_TAPS_A_PASS = 3
 
 
 def _chunk_mask(builder, cols, c, w):
@@ -853,8 +855,10 @@ def _lanes_sum(builder, v, w):
 
 
 def _dot_taps_codegen(w):
-    """Codegen of :func:`dot_taps_rows`: per tap, the chunks of each row spread over
-    ``_UNROLL`` accumulators (whole groups unmasked, the rest one by one, the last masked)."""
+    """Codegen of :func:`dot_taps_rows`: :data:`_TAPS_A_PASS` taps a pass over the rows (one
+    load of ``a`` for them all), then the rest one by one; per tap, the chunks of each row dealt
+    round ``_UNROLL`` accumulators (whole groups unmasked, the rest one by one, the last
+    masked)."""
     def codegen(context, builder, signature, args):
         a, a0, astride, b, b0, bstride, rows, cols, offs, o0, k, out, out0 = args
         sa = signature.args
@@ -871,38 +875,57 @@ def _dot_taps_codegen(w):
         u = ir.Constant(I64, _UNROLL)
         chunks = builder.sdiv(builder.add(cols, ir.Constant(I64, w - 1)), wc)
         groups = builder.sdiv(cols, builder.mul(wc, u))
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(_UNROLL)]
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(_UNROLL)]
+                for _ in range(_TAPS_A_PASS)]
 
-        def tap(builder, t):
-            off = builder.load(builder.gep(po, [t]))
-            for acc in accs:
-                builder.store(zero, acc)
+        def taps(builder, t0, count):
+            offsets = [builder.load(builder.gep(po, [builder.add(t0, ir.Constant(I64, g))]))
+                       for g in range(count)]
+            for tap_accs in accs[:count]:
+                for acc in tap_accs:
+                    builder.store(zero, acc)
 
             def row(builder, r):
                 ra = builder.gep(pa, [builder.mul(r, astride)])
-                rb = builder.gep(pb, [builder.add(builder.mul(r, bstride), off)])
+                rb = [builder.gep(pb, [builder.add(builder.mul(r, bstride), off)])
+                      for off in offsets]
 
-                def group(builder, g):
-                    for j in range(_UNROLL):
-                        c = builder.mul(builder.add(builder.mul(g, u), ir.Constant(I64, j)), wc)
+                def chunk(builder, c, j, mask):
+                    if mask is None:
                         x = builder.load(_vptr(builder, ra, c, w), align=4)
-                        y = builder.load(_vptr(builder, rb, c, w), align=4)
-                        builder.store(builder.call(fma, [x, y, builder.load(accs[j])]), accs[j])
+                    else:
+                        x = builder.call(mload, [_vptr(builder, ra, c, w), align, mask, zero])
+                    for g in range(count):
+                        if mask is None:
+                            y = builder.load(_vptr(builder, rb[g], c, w), align=4)
+                        else:
+                            y = builder.call(mload, [_vptr(builder, rb[g], c, w), align, mask,
+                                                     zero])
+                        acc = accs[g][j]
+                        builder.store(builder.call(fma, [x, y, builder.load(acc)]), acc)
+
+                def group(builder, gi):
+                    for j in range(_UNROLL):
+                        chunk(builder, builder.mul(builder.add(builder.mul(gi, u),
+                                                               ir.Constant(I64, j)), wc), j, None)
                 _counted_loop(builder, groups, group)
                 first = builder.mul(groups, u)
                 for j in range(_UNROLL):      # the rest: at most _UNROLL chunks
                     ci = builder.add(first, ir.Constant(I64, j))
                     with builder.if_then(builder.icmp_signed("<", ci, chunks)):
                         c = builder.mul(ci, wc)
-                        mask = _chunk_mask(builder, cols, c, w)
-                        x = builder.call(mload, [_vptr(builder, ra, c, w), align, mask, zero])
-                        y = builder.call(mload, [_vptr(builder, rb, c, w), align, mask, zero])
-                        builder.store(builder.call(fma, [x, y, builder.load(accs[j])]), accs[j])
+                        chunk(builder, c, j, _chunk_mask(builder, cols, c, w))
             _counted_loop(builder, rows, row)
-            s = [builder.load(acc) for acc in accs]
-            total = builder.fadd(builder.fadd(s[0], s[1]), builder.fadd(s[2], s[3]))
-            builder.store(_lanes_sum(builder, total, w), builder.gep(pout, [t]))
-        _counted_loop(builder, k, tap)
+            for g in range(count):
+                s = [builder.load(acc) for acc in accs[g]]
+                total = builder.fadd(builder.fadd(s[0], s[1]), builder.fadd(s[2], s[3]))
+                builder.store(_lanes_sum(builder, total, w),
+                              builder.gep(pout, [builder.add(t0, ir.Constant(I64, g))]))
+        npass = ir.Constant(I64, _TAPS_A_PASS)
+        passes = builder.sdiv(k, npass)
+        _counted_loop(builder, passes, lambda b, i: taps(b, b.mul(i, npass), _TAPS_A_PASS))
+        done = builder.mul(passes, npass)
+        _counted_loop(builder, builder.sub(k, done), lambda b, i: taps(b, b.add(done, i), 1))
         return context.get_dummy_value()
     return codegen
 
