@@ -103,10 +103,11 @@ def forward_taps(shape, floats):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def wide_forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, k, sh, sw, ph, pw, Wq,
-                 floats, offs, work, t, parts):
+                 floats, offs, unit3, work, t, parts):
     """``y`` = the depthwise correlation of ``x`` with ``w`` (+ ``bias``), planes of part
     ``t``: per output, the taps (``offs``: their places in the phases) summed row by row of
-    the kernel from 0 in registers (:func:`simd.taps_rows`), then the bias."""
+    the kernel from 0 in registers (:func:`simd.taps_rows`; ``unit3``: a 3x3 kernel of unit
+    stride and dilation, :func:`simd.taps3x3_rows`, the same sums), then the bias."""
     first, end = planes * t // parts, planes * (t + 1) // parts
     if first == end:
         return
@@ -121,13 +122,17 @@ def wide_forward(x, w, bias, has_bias, y, planes, C, H, W, OH, OW, k, sh, sw, ph
                     floats)
         c = p % C
         b = bias[c] if has_bias else f32(0)
-        simd.taps_rows(y, p * OH * OW, OW, xq[(p - first) % 2], 0, Wq, OH, OW, offs, 0, w,
-                       c * k, k, b, has_bias)
+        if unit3:
+            simd.taps3x3_rows(y, p * OH * OW, OW, xq[(p - first) % 2], 0, Wq, OH, OW, w,
+                              c * k, b, has_bias)
+        else:
+            simd.taps_rows(y, p * OH * OW, OW, xq[(p - first) % 2], 0, Wq, OH, OW, offs, 0,
+                           w, c * k, k, b, has_bias)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, k, sh, sw, ph, pw, Hq, Wq, floats,
-                       lead, order, shifts, starts, work, t, parts):
+                       lead, order, shifts, starts, unit3, work, t, parts):
     """``dx`` = the gradient with respect to the input (overwritten), planes of part ``t``.
 
     Each float of the padded input's gradient (in its phase) is the sum from 0, in the taps'
@@ -135,7 +140,8 @@ def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, k, sh, sw, ph, pw, Hq
     ``shifts`` back (the top diff laid wide after ``lead`` zeros, zeros around it), summed in
     registers (:func:`simd.taps_rows`): the same fused multiply-adds, in the same order, as
     adding each tap's multiple of the top diff into the phases. Stride 1 writes ``dx`` at
-    once; other strides fill the phases and read them back unpadded."""
+    once (``unit3``: :func:`simd.taps3x3_rows_back`); other strides fill the phases and read
+    them back unpadded."""
     dq = work[t, 0]
     dyz = work[t, 1]
     wsel = work[t, 2]
@@ -147,6 +153,10 @@ def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, k, sh, sw, ph, pw, Hq
         for m in range(k):
             wsel[m] = w[c * k + order[m]]
         base = p * H * W
+        if unit3:
+            simd.taps3x3_rows_back(dx, base, W, dyz, lead + ph * Wq + pw, Wq, H, W, wsel, 0,
+                                   f32(0), False)
+            continue
         if sh == 1 and sw == 1:
             simd.taps_rows(dx, base, W, dyz, lead + ph * Wq + pw, Wq, H, W, shifts, 0, wsel,
                            0, k, f32(0), False)
@@ -247,6 +257,7 @@ class DepthwisePlan:
         self.parts = None if self.N * self.C * OH * OW >= PARALLEL_MIN else 1
         self.channel_parts = min(self.C, team.threads) if self.parts is None else 1
         self.wide_weight_grad = not (sh == 1 and sw == 1 and OW >= 64)
+        self.unit3 = (kh, kw, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1)
         self.Hq, self.Wq, self.floats = wide_shape(self.shape)
         self.offs = forward_taps(self.shape, self.floats)
         self.lead, self.order, self.shifts, self.starts = backward_taps(self.shape,
@@ -266,14 +277,14 @@ class DepthwisePlan:
         self.team.run(wide_forward, x.reshape(-1), w, bias if bias is not None else w,
                       bias is not None, y.reshape(-1), self.N * self.C, self.C,
                       *self.shape[:4], *self._geometry(), self.Wq, self.floats, self.offs,
-                      self.work, parts=self.parts)
+                      self.unit3, self.work, parts=self.parts)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
         self.team.run(wide_backward_data, dy.reshape(-1), w.reshape(-1), dx.reshape(-1),
                       self.N * self.C, self.C, *self.shape[:4], *self._geometry(), self.Hq,
                       self.Wq, self.floats, self.lead, self.order, self.shifts, self.starts,
-                      self.work, parts=self.parts)
+                      self.unit3, self.work, parts=self.parts)
 
     def weight_grad(self, x, dy, dw):
         """``dw +=`` the gradient with respect to the weights."""

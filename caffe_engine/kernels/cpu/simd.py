@@ -842,6 +842,85 @@ def taps_rows(typingctx, dst, d0, dstride, src, s0, sstride, rows, cols, offs, o
     return sig, _taps_rows_codegen(vector_width())
 
 
+def _taps3x3_codegen(w, sign):
+    """Codegen of :func:`taps3x3_rows` (``sign`` +1) and :func:`taps3x3_rows_back` (-1):
+    ``_UNROLL`` rows of a chunk at a time (then single rows), each input row's three column
+    shifts loaded once for every output row that reads them, the nine weights in registers."""
+    def codegen(context, builder, signature, args):
+        dst, d0, dstride, src, s0, sstride, rows, cols, wts, w0, bias, has_bias = args
+        sa = signature.args
+        pd = builder.gep(_data(context, builder, sa[0], dst), [d0])
+        ps = builder.gep(_data(context, builder, sa[3], src), [s0])
+        pw = builder.gep(_data(context, builder, sa[8], wts), [w0])
+        vt = _vt(w)
+        zero = ir.Constant(vt, [0.0] * w)
+        mload, mstore = _masked(builder, w)
+        fma = _fma(builder, w)
+        align = ir.Constant(I32, 4)
+        add_bias = builder.icmp_unsigned("!=", has_bias, ir.Constant(has_bias.type, 0))
+        bias_v = _splat(builder, bias, w)
+        wv = [[_splat(builder, builder.load(builder.gep(pw, [ir.Constant(I64, 3 * i + j)])), w)
+               for j in range(3)] for i in range(3)]
+        wc = ir.Constant(I64, w)
+        chunks = builder.sdiv(builder.add(cols, ir.Constant(I64, w - 1)), wc)
+
+        def rows_at(builder, r0, count):
+            # input rows (relative to r0) in the order that takes each output's taps row by
+            # row of the kernel: output u reads row u + sign i for kernel row i
+            order = sorted({u + sign * i for u in range(count) for i in range(3)},
+                           key=lambda rho: sign * rho)
+
+            def chunk(builder, ci):
+                c = builder.mul(ci, wc)
+                mask = _chunk_mask(builder, cols, c, w)
+                accs = [zero] * count
+                for rho in order:
+                    row = builder.gep(ps, [builder.add(builder.mul(builder.add(
+                        r0, ir.Constant(I64, rho)), sstride), c)])
+                    for j in range(3):
+                        v = builder.call(mload, [_vptr(builder, row, ir.Constant(I64, sign * j),
+                                                       w), align, mask, zero])
+                        for u in range(count):
+                            i = sign * (rho - u)
+                            if 0 <= i < 3:
+                                accs[u] = builder.call(fma, [wv[i][j], v, accs[u]])
+                for u in range(count):
+                    acc = builder.select(add_bias, builder.fadd(accs[u], bias_v), accs[u])
+                    at = builder.add(builder.mul(builder.add(r0, ir.Constant(I64, u)), dstride),
+                                     c)
+                    builder.call(mstore, [acc, _vptr(builder, pd, at, w), align, mask])
+            _counted_loop(builder, chunks, chunk)
+
+        u = ir.Constant(I64, _UNROLL)
+        groups = builder.sdiv(rows, u)
+        _counted_loop(builder, groups, lambda b, g: rows_at(b, b.mul(g, u), _UNROLL))
+        done = builder.mul(groups, u)
+        _counted_loop(builder, builder.sub(rows, done),
+                      lambda b, i: rows_at(b, b.add(done, i), 1))
+        return context.get_dummy_value()
+    return codegen
+
+
+def _taps3x3_typer(sign):
+    def typer(typingctx, dst, d0, dstride, src, s0, sstride, rows, cols, wts, w0, bias,
+              has_bias):
+        i64 = types.int64
+        sig = types.void(dst, i64, i64, src, i64, i64, i64, i64, wts, i64, types.float32,
+                         types.boolean)
+        return sig, _taps3x3_codegen(vector_width(), sign)
+    typer.__name__ = "taps3x3_rows" if sign > 0 else "taps3x3_rows_back"
+    return intrinsic(typer)
+
+
+#: ``taps3x3_rows(dst, d0, dstride, src, s0, sstride, rows, cols, wts, w0, bias, has_bias)``:
+#: :func:`taps_rows` for a 3x3 kernel of unit stride and dilation, tap (i, j) (``wts[w0 + 3 i +
+#: j]``) at ``i sstride + j``: the same fused multiply-adds in the same order (so the same
+#: bits), each loaded vector used by every output row that reads it. ``taps3x3_rows_back``:
+#: tap (i, j) at ``-(i sstride + j)`` (the data gradient's gather).
+taps3x3_rows = _taps3x3_typer(1)
+taps3x3_rows_back = _taps3x3_typer(-1)
+
+
 def _lanes_sum(builder, v, w):
     """The sum of a <w x float>'s lanes: halves added pairwise (lane i + lane i + w/2, ...)."""
     while w > 1:
