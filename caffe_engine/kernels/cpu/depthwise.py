@@ -6,7 +6,7 @@ base_conv_layer.cpp: ``conv_im2col`` then one GEMM per group), so each product m
 1 x (kh kw) row by a (kh kw) x (OH OW) column matrix: an im2col copy of the input per product,
 and a GEMM too thin to use a register tile. The layer is memory-bound (2 kh kw FLOPs per output
 against one input read), so it is computed here directly, a plane at a time: the padded plane
-split into its stride phases (stride 2 by vector shuffles, :func:`simd.split_pairs`), and every
+split into its stride phases (stride 2 by vector shuffles, :func:`simd.deinterleave`), and every
 output's taps summed in registers, a vector of outputs at a time (:func:`simd.taps_rows`: one
 load and one fused multiply-add a tap, one store an output). The data gradient is the same
 kernel read backwards: each float of the padded input's gradient gathers the taps of its phase
@@ -80,8 +80,9 @@ def _phases(src, s0, dst, H, W, ph, pw, sh, sw, Wq, phase):
         a, q = pr % sh, pr // sh
         if sw == 2:     # the even columns to phase (a, pw % 2), the odd ones to the other
             row = q * Wq + a * 2 * phase
-            simd.split_pairs(dst, row + (pw % 2) * phase + pw // 2,
-                             dst, row + (1 - pw % 2) * phase + (pw + 1) // 2, src, s0 + r * W, W)
+            simd.deinterleave(dst, row + (pw % 2) * phase + pw // 2,
+                              dst, row + (1 - pw % 2) * phase + (pw + 1) // 2, src, s0 + r * W,
+                              W)
             continue
         for b in range(sw):
             c0 = (b - pw) % sw          # the first column of phase b
@@ -169,8 +170,8 @@ def wide_backward_data(dy, w, dx, planes, C, H, W, OH, OW, k, sh, sw, ph, pw, Hq
             a, q = pr % sh, pr // sh
             if sw == 2:
                 row = q * Wq + a * 2 * floats
-                simd.merge_pairs(dx, base + r * W, dq, row + (pw % 2) * floats + pw // 2,
-                                 dq, row + (1 - pw % 2) * floats + (pw + 1) // 2, W)
+                simd.interleave(dx, base + r * W, dq, row + (pw % 2) * floats + pw // 2,
+                                dq, row + (1 - pw % 2) * floats + (pw + 1) // 2, W)
                 continue
             for b in range(sw):
                 c0 = (b - pw) % sw

@@ -23,7 +23,7 @@ geometry guarantees them; the tests compare every caller with the NumPy referenc
 * :func:`pool_window` ``(kind, stride)``: MAX or AVE pooling's window for a row of outputs;
   :func:`window_spread`: AVE pooling's backward for a row of inputs.
 * :func:`gather_plus` and :func:`scatter_copy`: strided copies (vector gathers and scatters);
-  :func:`split_pairs` and :func:`merge_pairs`: a row's even and odd floats apart and back
+  :func:`deinterleave` and :func:`interleave`: a row's even and odd floats apart and back
   together (stride 2, by shuffles).
 * :func:`taps_rows` and :func:`dot_taps_rows`: a depthwise convolution's table of taps over
   rows of outputs, summed in registers; the weight gradient's shifted dot products.
@@ -1103,7 +1103,7 @@ def _pair_codegen(kind, w):
 
 
 @intrinsic
-def split_pairs(typingctx, even, e0, odd, o0, src, s0, n):
+def deinterleave(typingctx, even, e0, odd, o0, src, s0, n):
     """``even[e0 + m] = src[s0 + 2m]`` and ``odd[o0 + m] = src[s0 + 2m + 1]`` for the ``n``
     floats of ``src`` (every value's bits kept): a stride-2 row's two phases, by shuffles."""
     i64 = types.int64
@@ -1112,9 +1112,9 @@ def split_pairs(typingctx, even, e0, odd, o0, src, s0, n):
 
 
 @intrinsic
-def merge_pairs(typingctx, dst, d0, even, e0, odd, o0, n):
+def interleave(typingctx, dst, d0, even, e0, odd, o0, n):
     """``dst[d0 + 2m] = even[e0 + m]`` and ``dst[d0 + 2m + 1] = odd[o0 + m]`` for the ``n``
-    floats of ``dst``: the inverse of :func:`split_pairs`."""
+    floats of ``dst``: the inverse of :func:`deinterleave`."""
     i64 = types.int64
     return (types.void(dst, i64, even, i64, odd, i64, i64),
             _pair_codegen("merge", vector_width()))
