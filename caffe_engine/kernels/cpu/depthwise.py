@@ -240,13 +240,14 @@ class DepthwisePlan:
     Whole planes (:func:`wide_forward`, ...), the weight gradient of stride-1 rows of 64 or
     more row by row (``wide_weight_grad`` False). Scratch: three buffers a thread, made here.
     Measured on MobileNet's layers at batch 32, one thread, CPU ms (forward / data gradient /
-    weight gradient), best of 15 in alternating processes on a shared 2-core AVX-512 VM,
-    against the kernels before (axpy per tap, gathers and scatters for stride 2): 32x112x112
-    11.8/11.4/17.1 -> 7.8/7.7/11.2, 128x56x56 10.7/10.7/23.2 -> 8.3/8.2/9.4, 256x28x28
-    8.7/7.4/14.0 -> 4.3/3.9/4.1, 512x14x14 7.8/7.0/9.3 -> 3.9/3.6/4.9, 1024x7x7 5.7/6.0/15.2
-    -> 2.8/2.7/3.9; stride 2: 64x112x112 32.2/30.4/38.8 -> 9.8/11.3/10.7, 128x56x56
-    21.6/17.2/24.0 -> 4.0/5.9/4.2, 256x28x28 12.7/9.9/18.0 -> 5.6/4.4/6.3, 512x14x14
-    8.0/8.1/18.5 -> 3.3/3.8/4.0."""
+    weight gradient), best of 20 in alternating processes on a shared 2-core AVX-512 VM,
+    against the kernels before (an axpy a tap, gathers and scatters for stride 2): 32x112x112
+    11.1/11.1/15.0 -> 6.5/6.2/9.2, 128x56x56 10.0/10.1/21.4 -> 6.4/6.2/7.7, 256x28x28
+    5.4/6.6/13.3 -> 2.7/2.4/3.3, 512x14x14 5.0/5.6/9.9 -> 1.5/1.9/2.8, 1024x7x7 3.9/4.6/10.9
+    -> 1.4/1.4/2.0; stride 2: 64x112x112 30.8/27.9/34.8 -> 9.3/8.8/9.9, 128x56x56
+    17.8/14.8/22.5 -> 3.7/3.3/4.0, 256x28x28 10.7/9.0/14.6 -> 4.2/3.4/4.1, 512x14x14
+    6.9/7.1/13.7 -> 1.7/2.2/1.9. A training iteration's depthwise layers: forward 121 -> 43,
+    backward 315 -> 100."""
 
     def __init__(self, geometry, team):
         g = self.geometry = geometry
