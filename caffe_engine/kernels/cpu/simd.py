@@ -22,7 +22,11 @@ geometry guarantees them; the tests compare every caller with the NumPy referenc
 * :func:`total` ``(src, s0, n)``: a float32 sum in a fixed order (lane-wise, then the lanes).
 * :func:`pool_window` ``(kind, stride)``: MAX or AVE pooling's window for a row of outputs;
   :func:`window_spread`: AVE pooling's backward for a row of inputs.
-* :func:`gather_plus` and :func:`scatter_copy`: strided copies (vector gathers and scatters).
+* :func:`gather_plus` and :func:`scatter_copy`: strided copies (vector gathers and scatters);
+  :func:`deinterleave` and :func:`interleave`: a row's even and odd floats apart and back
+  together (stride 2, by shuffles).
+* :func:`taps_rows` and :func:`dot_taps_rows`: a depthwise convolution's table of taps over
+  rows of outputs, summed in registers; the weight gradient's shifted dot products.
 """
 import functools
 
@@ -997,3 +1001,369 @@ def _leaf8_intrinsic(k):
 #: interleaved (four independent chains of vector adds). The caller adds the ``n % 8`` rest.
 leaf8 = _leaf8_intrinsic(1)
 leaf8x4 = _leaf8_intrinsic(4)
+
+
+# ------------------------------------------------------------------------------------------------
+# Depthwise convolution: a table of taps applied to rows of vectors, in registers
+# ------------------------------------------------------------------------------------------------
+#: Rows of :func:`taps_rows` (chunks of :func:`dot_taps_rows`) carried in registers at once.
+_UNROLL = 4
+#: Taps of :func:`dot_taps_rows` summed in one pass over ``a`` (a kernel row of a 3x3 kernel).
+_TAPS_A_PASS = 3
+
+
+def _chunk_mask(builder, cols, c, w):
+    """<w x i1>: the lanes of the chunk at column ``c`` that are below ``cols``."""
+    count = builder.sub(cols, c)
+    wc = ir.Constant(I64, w)
+    return _mask(builder, builder.select(builder.icmp_signed(">", count, wc), wc, count), w)
+
+
+def _taps_rows_codegen(w):
+    """Codegen of :func:`taps_rows`: ``_UNROLL`` rows of a chunk at a time, then single rows."""
+    def codegen(context, builder, signature, args):
+        (dst, d0, dstride, src, s0, sstride, rows, cols, offs, o0, wts, w0, k, bias,
+         has_bias) = args
+        sa = signature.args
+        pd = builder.gep(_data(context, builder, sa[0], dst), [d0])
+        ps = builder.gep(_data(context, builder, sa[3], src), [s0])
+        po = builder.gep(_data(context, builder, sa[8], offs), [o0])
+        pw = builder.gep(_data(context, builder, sa[10], wts), [w0])
+        vt = _vt(w)
+        zero = ir.Constant(vt, [0.0] * w)
+        mload, mstore = _masked(builder, w)
+        fma = _fma(builder, w)
+        align = ir.Constant(I32, 4)
+        add_bias = builder.icmp_unsigned("!=", has_bias, ir.Constant(has_bias.type, 0))
+        bias_v = _splat(builder, bias, w)
+        wc = ir.Constant(I64, w)
+        chunks = builder.sdiv(builder.add(cols, ir.Constant(I64, w - 1)), wc)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(_UNROLL)]
+
+        def rows_at(builder, r0, count):
+            def chunk(builder, ci):
+                c = builder.mul(ci, wc)
+                mask = _chunk_mask(builder, cols, c, w)
+                srcs = [builder.gep(ps, [builder.add(builder.mul(builder.add(
+                    r0, ir.Constant(I64, j)), sstride), c)]) for j in range(count)]
+                for j in range(count):
+                    builder.store(zero, accs[j])
+
+                def tap(builder, t):
+                    wv = _splat(builder, builder.load(builder.gep(pw, [t])), w)
+                    off = builder.load(builder.gep(po, [t]))
+                    for j in range(count):
+                        v = builder.call(mload, [_vptr(builder, srcs[j], off, w), align, mask,
+                                                 zero])
+                        builder.store(builder.call(fma, [wv, v, builder.load(accs[j])]),
+                                      accs[j])
+                _counted_loop(builder, k, tap)
+                for j in range(count):
+                    acc = builder.load(accs[j])
+                    acc = builder.select(add_bias, builder.fadd(acc, bias_v), acc)
+                    at = builder.add(builder.mul(builder.add(r0, ir.Constant(I64, j)), dstride),
+                                     c)
+                    builder.call(mstore, [acc, _vptr(builder, pd, at, w), align, mask])
+            _counted_loop(builder, chunks, chunk)
+
+        u = ir.Constant(I64, _UNROLL)
+        groups = builder.sdiv(rows, u)
+        _counted_loop(builder, groups, lambda b, g: rows_at(b, b.mul(g, u), _UNROLL))
+        done = builder.mul(groups, u)
+        _counted_loop(builder, builder.sub(rows, done),
+                      lambda b, i: rows_at(b, b.add(done, i), 1))
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def taps_rows(typingctx, dst, d0, dstride, src, s0, sstride, rows, cols, offs, o0, wts, w0, k,
+              bias, has_bias):
+    """A table of ``k`` taps over ``rows x cols`` outputs: for ``r < rows``, ``c < cols``,
+    ``dst[d0 + r dstride + c]`` = the fused multiply-adds from +0 of ``wts[w0 + t]`` times
+    ``src[s0 + r sstride + offs[o0 + t] + c]`` for ``t < k`` in increasing order, plus ``bias``
+    when ``has_bias`` (one addition after the taps). ``offs`` int64 (may be negative),
+    ``has_bias`` bool; the other arrays float32. Sums stay in registers, ``_UNROLL`` rows of
+    a vector at a time; the last vector of a row masked."""
+    i64 = types.int64
+    sig = types.void(dst, i64, i64, src, i64, i64, i64, i64, offs, i64, wts, i64, i64,
+                     types.float32, types.boolean)
+    return sig, _taps_rows_codegen(vector_width())
+
+
+def _taps3x3_codegen(w, sign):
+    """Codegen of :func:`taps3x3_rows` (``sign`` +1) and :func:`taps3x3_rows_back` (-1):
+    ``_UNROLL`` rows of a chunk at a time (then single rows), each input row's three column
+    shifts loaded once for every output row that reads them, the nine weights in registers."""
+    def codegen(context, builder, signature, args):
+        dst, d0, dstride, src, s0, sstride, rows, cols, wts, w0, bias, has_bias = args
+        sa = signature.args
+        pd = builder.gep(_data(context, builder, sa[0], dst), [d0])
+        ps = builder.gep(_data(context, builder, sa[3], src), [s0])
+        pw = builder.gep(_data(context, builder, sa[8], wts), [w0])
+        vt = _vt(w)
+        zero = ir.Constant(vt, [0.0] * w)
+        mload, mstore = _masked(builder, w)
+        fma = _fma(builder, w)
+        align = ir.Constant(I32, 4)
+        add_bias = builder.icmp_unsigned("!=", has_bias, ir.Constant(has_bias.type, 0))
+        bias_v = _splat(builder, bias, w)
+        wv = [[_splat(builder, builder.load(builder.gep(pw, [ir.Constant(I64, 3 * i + j)])), w)
+               for j in range(3)] for i in range(3)]
+        wc = ir.Constant(I64, w)
+        chunks = builder.sdiv(builder.add(cols, ir.Constant(I64, w - 1)), wc)
+
+        def rows_at(builder, r0, count):
+            # input rows (relative to r0) in the order that takes each output's taps row by
+            # row of the kernel: output u reads row u + sign i for kernel row i
+            order = sorted({u + sign * i for u in range(count) for i in range(3)},
+                           key=lambda rho: sign * rho)
+
+            def chunk(builder, ci):
+                c = builder.mul(ci, wc)
+                mask = _chunk_mask(builder, cols, c, w)
+                accs = [zero] * count
+                for rho in order:
+                    row = builder.gep(ps, [builder.add(builder.mul(builder.add(
+                        r0, ir.Constant(I64, rho)), sstride), c)])
+                    for j in range(3):
+                        v = builder.call(mload, [_vptr(builder, row, ir.Constant(I64, sign * j),
+                                                       w), align, mask, zero])
+                        for u in range(count):
+                            i = sign * (rho - u)
+                            if 0 <= i < 3:
+                                accs[u] = builder.call(fma, [wv[i][j], v, accs[u]])
+                for u in range(count):
+                    acc = builder.select(add_bias, builder.fadd(accs[u], bias_v), accs[u])
+                    at = builder.add(builder.mul(builder.add(r0, ir.Constant(I64, u)), dstride),
+                                     c)
+                    builder.call(mstore, [acc, _vptr(builder, pd, at, w), align, mask])
+            _counted_loop(builder, chunks, chunk)
+
+        u = ir.Constant(I64, _UNROLL)
+        groups = builder.sdiv(rows, u)
+        _counted_loop(builder, groups, lambda b, g: rows_at(b, b.mul(g, u), _UNROLL))
+        done = builder.mul(groups, u)
+        _counted_loop(builder, builder.sub(rows, done),
+                      lambda b, i: rows_at(b, b.add(done, i), 1))
+        return context.get_dummy_value()
+    return codegen
+
+
+def _taps3x3_typer(sign):
+    def typer(typingctx, dst, d0, dstride, src, s0, sstride, rows, cols, wts, w0, bias,
+              has_bias):
+        i64 = types.int64
+        sig = types.void(dst, i64, i64, src, i64, i64, i64, i64, wts, i64, types.float32,
+                         types.boolean)
+        return sig, _taps3x3_codegen(vector_width(), sign)
+    typer.__name__ = "taps3x3_rows" if sign > 0 else "taps3x3_rows_back"
+    return intrinsic(typer)
+
+
+#: ``taps3x3_rows(dst, d0, dstride, src, s0, sstride, rows, cols, wts, w0, bias, has_bias)``:
+#: :func:`taps_rows` for a 3x3 kernel of unit stride and dilation, tap (i, j) (``wts[w0 + 3 i +
+#: j]``) at ``i sstride + j``: the same fused multiply-adds in the same order (so the same
+#: bits), each loaded vector used by every output row that reads it. ``taps3x3_rows_back``:
+#: tap (i, j) at ``-(i sstride + j)`` (the data gradient's gather).
+taps3x3_rows = _taps3x3_typer(1)
+taps3x3_rows_back = _taps3x3_typer(-1)
+
+
+def _lanes_sum(builder, v, w):
+    """The sum of a <w x float>'s lanes: halves added pairwise (lane i + lane i + w/2, ...)."""
+    while w > 1:
+        half = w // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half),
+                                                      list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half),
+                                                      list(range(half, w))))
+        v, w = builder.fadd(lo, hi), half
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+def _dot_taps_codegen(w):
+    """Codegen of :func:`dot_taps_rows`: :data:`_TAPS_A_PASS` taps a pass over the rows (one
+    load of ``a`` for them all), then the rest one by one; per tap, the chunks of each row dealt
+    round ``_UNROLL`` accumulators (whole groups unmasked, the rest one by one, the last
+    masked)."""
+    def codegen(context, builder, signature, args):
+        a, a0, astride, b, b0, bstride, rows, cols, offs, o0, k, out, out0 = args
+        sa = signature.args
+        pa = builder.gep(_data(context, builder, sa[0], a), [a0])
+        pb = builder.gep(_data(context, builder, sa[3], b), [b0])
+        po = builder.gep(_data(context, builder, sa[8], offs), [o0])
+        pout = builder.gep(_data(context, builder, sa[11], out), [out0])
+        vt = _vt(w)
+        zero = ir.Constant(vt, [0.0] * w)
+        mload, _ = _masked(builder, w)
+        fma = _fma(builder, w)
+        align = ir.Constant(I32, 4)
+        wc = ir.Constant(I64, w)
+        u = ir.Constant(I64, _UNROLL)
+        chunks = builder.sdiv(builder.add(cols, ir.Constant(I64, w - 1)), wc)
+        groups = builder.sdiv(cols, builder.mul(wc, u))
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(_UNROLL)]
+                for _ in range(_TAPS_A_PASS)]
+
+        def taps(builder, t0, count):
+            offsets = [builder.load(builder.gep(po, [builder.add(t0, ir.Constant(I64, g))]))
+                       for g in range(count)]
+            for tap_accs in accs[:count]:
+                for acc in tap_accs:
+                    builder.store(zero, acc)
+
+            def row(builder, r):
+                ra = builder.gep(pa, [builder.mul(r, astride)])
+                rb = [builder.gep(pb, [builder.add(builder.mul(r, bstride), off)])
+                      for off in offsets]
+
+                def chunk(builder, c, j, mask):
+                    if mask is None:
+                        x = builder.load(_vptr(builder, ra, c, w), align=4)
+                    else:
+                        x = builder.call(mload, [_vptr(builder, ra, c, w), align, mask, zero])
+                    for g in range(count):
+                        if mask is None:
+                            y = builder.load(_vptr(builder, rb[g], c, w), align=4)
+                        else:
+                            y = builder.call(mload, [_vptr(builder, rb[g], c, w), align, mask,
+                                                     zero])
+                        acc = accs[g][j]
+                        builder.store(builder.call(fma, [x, y, builder.load(acc)]), acc)
+
+                def group(builder, gi):
+                    for j in range(_UNROLL):
+                        chunk(builder, builder.mul(builder.add(builder.mul(gi, u),
+                                                               ir.Constant(I64, j)), wc), j, None)
+                _counted_loop(builder, groups, group)
+                first = builder.mul(groups, u)
+                for j in range(_UNROLL):      # the rest: at most _UNROLL chunks
+                    ci = builder.add(first, ir.Constant(I64, j))
+                    with builder.if_then(builder.icmp_signed("<", ci, chunks)):
+                        c = builder.mul(ci, wc)
+                        chunk(builder, c, j, _chunk_mask(builder, cols, c, w))
+            _counted_loop(builder, rows, row)
+            for g in range(count):
+                s = [builder.load(acc) for acc in accs[g]]
+                total = builder.fadd(builder.fadd(s[0], s[1]), builder.fadd(s[2], s[3]))
+                builder.store(_lanes_sum(builder, total, w),
+                              builder.gep(pout, [builder.add(t0, ir.Constant(I64, g))]))
+        npass = ir.Constant(I64, _TAPS_A_PASS)
+        passes = builder.sdiv(k, npass)
+        _counted_loop(builder, passes, lambda b, i: taps(b, b.mul(i, npass), _TAPS_A_PASS))
+        done = builder.mul(passes, npass)
+        _counted_loop(builder, builder.sub(k, done), lambda b, i: taps(b, b.add(done, i), 1))
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def dot_taps_rows(typingctx, a, a0, astride, b, b0, bstride, rows, cols, offs, o0, k, out, out0):
+    """A table of ``k`` shifted dot products over ``rows x cols`` elements: for ``t < k``,
+    ``out[out0 + t]`` = the sum of ``a[a0 + r astride + c] * b[b0 + r bstride + offs[o0 + t] +
+    c]`` over ``r < rows``, ``c < cols`` (fused multiply-adds into ``_UNROLL`` vector sums, the
+    chunks of a row dealt round them, then the sums pairwise and the lanes pairwise: float32
+    rounding of the sum, in a fixed order). ``offs`` int64; the other arrays float32."""
+    i64 = types.int64
+    sig = types.void(a, i64, i64, b, i64, i64, i64, i64, offs, i64, i64, out, i64)
+    return sig, _dot_taps_codegen(vector_width())
+
+
+def _pair_codegen(kind, w):
+    """``split``: ``even[e0 + m] = src[s0 + 2m]``, ``odd[o0 + m] = src[s0 + 2m + 1]`` for the
+    ``n`` floats of ``src``; ``merge``: the inverse into the ``n`` floats of ``dst``. Two
+    vectors of the interleaved side at a time, shuffled (no gathers or scatters)."""
+    def codegen(context, builder, signature, args):
+        sa = signature.args
+        if kind == "split":
+            even, e0, odd, o0, line, l0, n = args
+            lp = builder.gep(_data(context, builder, sa[4], line), [l0])
+        else:
+            line, l0, even, e0, odd, o0, n = args
+            lp = builder.gep(_data(context, builder, sa[0], line), [l0])
+        ep = builder.gep(_data(context, builder, sa[0 if kind == "split" else 2], even), [e0])
+        op = builder.gep(_data(context, builder, sa[2 if kind == "split" else 4], odd), [o0])
+        vt = _vt(w)
+        zero = ir.Constant(vt, [0.0] * w)
+        mload, mstore = _masked(builder, w)
+        align = ir.Constant(I32, 4)
+        one = ir.Constant(I64, 1)
+        wc, w2 = ir.Constant(I64, w), ir.Constant(I64, 2 * w)
+
+        def clamp(builder, count):
+            count = builder.select(builder.icmp_signed(">", count, wc), wc, count)
+            return builder.select(builder.icmp_signed("<", count, ir.Constant(I64, 0)),
+                                  ir.Constant(I64, 0), count)
+
+        def body(builder, i, whole):
+            at = builder.mul(i, w2)
+            count = builder.sub(n, at)
+            if whole:
+                lo_m = hi_m = ev_m = od_m = None
+            else:
+                lo_m, hi_m, ev_m, od_m = masks(builder, count)
+            half = builder.mul(i, wc)
+            lo_p, hi_p = _vptr(builder, lp, at, w), _vptr(builder, lp, builder.add(at, wc), w)
+            ev_p, od_p = _vptr(builder, ep, half, w), _vptr(builder, op, half, w)
+
+            def load(ptr, mask):
+                if mask is None:
+                    return builder.load(ptr, align=4)
+                return builder.call(mload, [ptr, align, mask, zero])
+
+            def store(v, ptr, mask):
+                if mask is None:
+                    builder.store(v, ptr, align=4)
+                else:
+                    builder.call(mstore, [v, ptr, align, mask])
+            if kind == "split":
+                lo, hi = load(lo_p, lo_m), load(hi_p, hi_m)
+                ev = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, w),
+                                                                list(range(0, 2 * w, 2))))
+                od = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, w),
+                                                                list(range(1, 2 * w, 2))))
+                store(ev, ev_p, ev_m)
+                store(od, od_p, od_m)
+            else:
+                ev, od = load(ev_p, ev_m), load(od_p, od_m)
+                lanes = [v for m in range(w) for v in (m, w + m)]
+                lo = builder.shuffle_vector(ev, od, ir.Constant(ir.VectorType(I32, w),
+                                                                lanes[:w]))
+                hi = builder.shuffle_vector(ev, od, ir.Constant(ir.VectorType(I32, w),
+                                                                lanes[w:]))
+                store(lo, lo_p, lo_m)
+                store(hi, hi_p, hi_m)
+
+        def masks(builder, count):
+            lo_m = _mask(builder, clamp(builder, count), w)
+            hi_m = _mask(builder, clamp(builder, builder.sub(count, wc)), w)
+            ev_m = _mask(builder, clamp(builder, builder.sdiv(builder.add(count, one),
+                                                              ir.Constant(I64, 2))), w)
+            od_m = _mask(builder, clamp(builder, builder.sdiv(count, ir.Constant(I64, 2))), w)
+            return lo_m, hi_m, ev_m, od_m
+
+        whole = builder.sdiv(n, w2)
+        _counted_loop(builder, whole, lambda b, i: body(b, i, True))
+        with builder.if_then(builder.icmp_signed("<", builder.mul(whole, w2), n)):
+            body(builder, whole, False)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def deinterleave(typingctx, even, e0, odd, o0, src, s0, n):
+    """``even[e0 + m] = src[s0 + 2m]`` and ``odd[o0 + m] = src[s0 + 2m + 1]`` for the ``n``
+    floats of ``src`` (every value's bits kept): a stride-2 row's two phases, by shuffles."""
+    i64 = types.int64
+    return (types.void(even, i64, odd, i64, src, i64, i64),
+            _pair_codegen("split", vector_width()))
+
+
+@intrinsic
+def interleave(typingctx, dst, d0, even, e0, odd, o0, n):
+    """``dst[d0 + 2m] = even[e0 + m]`` and ``dst[d0 + 2m + 1] = odd[o0 + m]`` for the ``n``
+    floats of ``dst``: the inverse of :func:`deinterleave`."""
+    i64 = types.int64
+    return (types.void(dst, i64, even, i64, odd, i64, i64),
+            _pair_codegen("merge", vector_width()))
