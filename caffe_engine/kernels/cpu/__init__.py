@@ -17,6 +17,9 @@ from ..numba_import import import_numba
 from ..reference import ReferenceKernels
 
 import_numba()      # before the kernels' modules import Numba: see import_numba
+from .stale_cache import drop_stale_cache  # noqa: E402
+
+drop_stale_cache(__path__[0])   # before the kernels load Numba's cache: see stale_cache
 from . import (channelwise, conv_plan, depthwise, gemm, lrn, neuron, pooling,  # noqa: E402
                simd, solver, strided_pointwise, transform)
 from .team import Team  # noqa: E402
