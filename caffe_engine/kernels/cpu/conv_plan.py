@@ -25,6 +25,8 @@ def slack_after(a):
 
 #: Floats a kernel may read past a packed or in-place input.
 READ_PAST = NR + 16
+#: Packed weights below this many floats are packed on the caller's thread alone.
+PARALLEL_PACK = 1 << 14
 
 
 class Conv2dPlan:
@@ -84,8 +86,9 @@ class Conv2dPlan:
             self.fph, self.fpw = flip_pad
             self.fHs, self.fWs = self.OH + 2 * self.fph, self.OW + 2 * self.fpw
             fk = self.Mg * self.kh * self.kw
+            # a pointwise convolution's top diff is read in place like its input (no pad)
             self.fNB = conv.choose_chunk(self.N, self.M, self.C, self.H, self.W, self.fWs, fk,
-                                         columns, tuning)
+                                         columns, tuning, in_place=self.pointwise)
             self.flip_blocks = conv.plan_blocks(self.N, self.H, self.W, self.fWs, self.fNB,
                                                 columns)
             self.flip_offs = conv.offsets(self.Mg, g.kernel, g.dilation, (1, 1), self.fHs,
@@ -109,11 +112,26 @@ class Conv2dPlan:
         return self._pack("conv_in", x, self.C, self.H, self.W, self.ph, self.pw, self.sh,
                           self.sw, self.Hs, self.Ws, self.NB)
 
-    def _packed_weights(self, w, rows, cols):
-        """``w`` (G, rows, cols) in the micro-kernel's panels (:func:`conv.pack_panels`)."""
-        G = self.G
-        out = self.workspace.get("conv_w", G * round_up(rows, MR) * cols)
-        return conv.pack_panels(w.reshape(G, rows, cols), out)
+    def _flip_input(self, dy):
+        """The top diff in the flipped forward's layout: ``dy`` itself for a pointwise
+        convolution with one image a chunk (its layout is NCHW, no pad) when it has slack,
+        else packed."""
+        if self.pointwise and self.fNB == 1 and slack_after(dy) >= READ_PAST:
+            return dy.reshape(-1)
+        return self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
+                          self.fHs, self.fWs, self.fNB)
+
+    def _packed_weights(self, w, flip=False):
+        """``w`` (M, Cg, kh, kw) in the micro-kernel's panels (:func:`conv.pack_panels`): as
+        the forward reads them, or ``flip``: the flipped data gradient's filters."""
+        rows, cols = (self.Cg, self.Mg) if flip else (self.Mg, self.Cg)
+        khw = self.kh * self.kw
+        size = self.G * round_up(rows, MR) * cols * khw
+        out = self.workspace.get("conv_w", size)
+        parts = None if size >= PARALLEL_PACK else 1
+        self.team.run(conv.pack_panels, numpy.ascontiguousarray(w).reshape(-1), out, self.G,
+                      self.Mg, self.Cg, khw, flip, parts=parts)
+        return out
 
     def _scratch(self, floats):
         return self.workspace.get("conv_scratch", self.threads * floats), floats
@@ -121,7 +139,7 @@ class Conv2dPlan:
     # -- the kernel interface --------------------------------------------------------------
     def forward(self, x, w, bias, y):
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
-        wp = self._packed_weights(w, self.Mg, self.Kg)
+        wp = self._packed_weights(w)
         xt = self._input(x)
         ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
                                                         self.skew))
@@ -132,14 +150,12 @@ class Conv2dPlan:
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
-        G, Mg, Cg, kh, kw = self.G, self.Mg, self.Cg, self.kh, self.kw
+        G, Mg, kh, kw = self.G, self.Mg, self.kh, self.kw
         if self.flip:
             # dx = correlation of dy (padded by extent - 1 - pad) with the flipped filters
             # W'[g, c, (m, i, j)] = W[g Mg + m, c, kh - 1 - i, kw - 1 - j].
-            flipped = w.reshape(G, Mg, Cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
-            wp = self._packed_weights(flipped, Cg, Mg * kh * kw)
-            dyt = self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
-                             self.fHs, self.fWs, self.fNB)
+            wp = self._packed_weights(w, flip=True)
+            dyt = self._flip_input(dy)
             ws, stride = self._scratch(conv.forward_scratch(self.C, G, self.flip_blocks[2],
                                                             self.skew))
             self.team.run(conv.forward, dyt, self.flip_offs, wp, wp, False, dx.reshape(-1),
@@ -185,8 +201,8 @@ class Conv2dPlan:
         self.team.run(conv.weight_grad, xt, self.offs, dy.reshape(-1), self.N, self.C, self.M,
                       self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
                       self.Kg, self.wg_narrow, *self.blocks, ws, stride)
-        conv.weight_grad_sum(dw.reshape(-1), self.M, self.G, self.Kg, self.wg_narrow,
-                             self.threads, ws, stride)
+        self.team.run(conv.weight_grad_sum, dw.reshape(-1), self.M, self.G, self.Kg,
+                      self.wg_narrow, self.threads, ws, stride)
 
     def bias_grad(self, dy, db):
         """``db += dy`` summed over images and positions."""
