@@ -93,3 +93,36 @@ def test_pointwise_data_gradient_reads_the_top_diff_in_place(shape, threads):
     want = conv_results(REF.conv(g), g, x, w, b, dy)
     results = conv_results(plan, g, x, w, b, held_with_slack(dy, 64))
     assert_sums_close(results, want, x, w, dy)
+
+
+def numpy_packed(x, ph, pw, sh, sw, Hs, Ws, NB):
+    """:func:`conv.pack`'s layout (chunks, C, sh, sw, Hs, Ws, NB) built by NumPy."""
+    N, C, H, W = x.shape
+    chunks = -(-N // NB)
+    xpad = numpy.zeros((chunks * NB, C, Hs * sh, Ws * sw), f32)
+    rows, cols = min(H, Hs * sh - ph), min(W, Ws * sw - pw)
+    xpad[:N, :, ph:ph + rows, pw:pw + cols] = x[:, :, :rows, :cols]
+    phased = xpad.reshape(chunks, NB, C, Hs, sh, Ws, sw)
+    return phased.transpose(0, 2, 4, 6, 3, 5, 1).reshape(-1)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("NB", [1, 2, 3, 8])
+@pytest.mark.parametrize("shape", [(5, 3, 7, 7, 0, 0, 1, 1), (4, 2, 14, 14, 1, 1, 1, 1),
+                                   (3, 2, 5, 40, 2, 1, 1, 1), (2, 3, 9, 8, 1, 2, 2, 2),
+                                   (3, 1, 6, 33, 0, 3, 1, 1), (1, 2, 4, 3, 2, 2, 1, 1)])
+def test_pack_lays_the_input_out_as_numpy_does(shape, NB, threads):
+    N, C, H, W, ph, pw, sh, sw = shape
+    x = numpy.random.default_rng(sum(shape)).standard_normal((N, C, H, W)).astype(f32)
+    Hs, Ws = -(-(H + 2 * ph) // sh), -(-(W + 2 * pw) // sw)
+    want = numpy_packed(x, ph, pw, sh, sw, Hs, Ws, NB)
+    xt = numpy.full(want.size + 4, numpy.nan, f32)
+    Team(threads).run(conv.pack, x.reshape(-1), xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB)
+    numpy.testing.assert_array_equal(xt[:want.size], want)
+    assert numpy.isnan(xt[want.size:]).all()
+    # a wider layout than the rows need (col2im's top diff in the input's phase width)
+    Ws2 = Ws + 3
+    want = numpy_packed(x, ph, pw, sh, sw, Hs, Ws2, NB)
+    xt = numpy.full(want.size, numpy.nan, f32)
+    Team(threads).run(conv.pack, x.reshape(-1), xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws2, NB)
+    numpy.testing.assert_array_equal(xt, want)

@@ -85,9 +85,13 @@ def pack(x, xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
     plane = H * W
     chunks = (N + NB - 1) // NB
     jobs = chunks * C
+    scalar = sh == 1 and sw == 1 and (NB > 1 or W < SHORT_ROW)
     for job in range(jobs * t // threads, jobs * (t + 1) // threads):
         nc = job // C
         c = job - nc * C
+        if scalar:
+            _pack_plane(x, xt, job, nc, c, N, C, H, W, ph, pw, Hs, Ws, NB)
+            continue
         for a in range(sh):
             for b in range(sw):
                 base = ((job * sh + a) * sw + b) * Hs * Ws * NB
@@ -117,6 +121,41 @@ def pack(x, xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
                         else:
                             for e in range(hi - lo):
                                 xt[numba.uint64(dst + e * NB)] = x[numba.uint64(src + e * sw)]
+
+
+#: Rows shorter than this are packed float by float (:func:`_pack_plane`) rather than by
+#: vector copies: GoogLeNet's 7x7 planes packed at 1.2 ns a float by copies of 7, 0.5 float by
+#: float, on one core of the development machine.
+SHORT_ROW = 32
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pack_plane(x, xt, job, nc, c, N, C, H, W, ph, pw, Hs, Ws, NB):
+    """:func:`pack`'s plane ``job`` (chunk ``nc``, channel ``c``) of an unstrided layout:
+    the padding zeroed, then each image's plane copied float by float to every NB-th float
+    (vector scatters of short rows with NB > 1 ran 2.5-4 times slower)."""
+    u = numba.uint64
+    zero = f32(0)
+    base = job * Hs * Ws * NB
+    row_wide = Ws * NB
+    for r in range(Hs):
+        row = base + r * row_wide
+        if r < ph or r >= ph + H:
+            _fill(xt, row, row_wide, zero)
+            continue
+        _fill(xt, row, pw * NB, zero)
+        _fill(xt, row + (pw + W) * NB, (Ws - pw - W) * NB, zero)
+    for i in range(NB):
+        n = nc * NB + i
+        src = (n * C + c) * H * W
+        for h in range(H):
+            dst = base + (h + ph) * row_wide + pw * NB + i
+            if n >= N:
+                for e in range(W):
+                    xt[u(dst + e * NB)] = zero
+                continue
+            for e in range(W):
+                xt[u(dst + e * NB)] = x[u(src + h * W + e)]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
