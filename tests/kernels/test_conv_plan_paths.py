@@ -126,3 +126,27 @@ def test_pack_lays_the_input_out_as_numpy_does(shape, NB, threads):
     xt = numpy.full(want.size, numpy.nan, f32)
     Team(threads).run(conv.pack, x.reshape(-1), xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws2, NB)
     numpy.testing.assert_array_equal(xt, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(3, 5, 40, 7), (4, 16, 784, 192), (2, 64, 300, 64),
+                                   (5, 130, 33, 9), (1, 3, 2, 50), (3, 20, 70, 21)])
+@pytest.mark.parametrize("kc", [16, 1024])
+def test_summed_products_give_the_bits_of_one_product_per_image(shape, threads, kc):
+    from caffe_engine.kernels.cpu import gemm
+    from caffe_engine.kernels.cpu.workspace import Workspace
+    images, M, K, N = shape
+    rng = numpy.random.default_rng(sum(shape))
+    a = rng.standard_normal((images, M, K)).astype(f32)
+    b = rng.standard_normal((images, N, K)).astype(f32)
+    c0 = rng.standard_normal((M, N)).astype(f32)
+    tuning = CpuTuning(threads=threads, gemm_kc=kc, gemm_pack_bytes=1 << 14)
+    team, workspace = Team(threads), Workspace()
+    want = c0.copy()
+    for i in range(images):
+        gemm.product(a[i], b[i], want, True, tuning, workspace, team, trans_b=True)
+    got = c0.copy()
+    gemm.sum_products_bt(a, b, got, tuning, workspace, team)
+    numpy.testing.assert_array_equal(got, want)
+    numpy.testing.assert_allclose(got, c0 + numpy.einsum("imk,ink->mn", a, b), rtol=1e-4,
+                                  atol=1e-3)

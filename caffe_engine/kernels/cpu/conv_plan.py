@@ -190,10 +190,9 @@ class Conv2dPlan:
         if self.gemm_weight_grad:
             # dW (M x C) += dY[n] (M x P) X[n]^T, image by image (Caffe's order of images)
             P = self.OH * self.OW
-            for n in range(self.N):
-                gemm.product(dy[n].reshape(self.M, P), x[n].reshape(self.C, P),
-                             dw.reshape(self.M, self.C), True, self.tuning, self.workspace,
-                             self.team, trans_b=True)
+            gemm.sum_products_bt(dy.reshape(self.N, self.M, P), x.reshape(self.N, self.C, P),
+                                 dw.reshape(self.M, self.C), self.tuning, self.workspace,
+                                 self.team)
             return
         xt = self._input(x)
         ws, stride = self._scratch(conv.weight_grad_scratch(self.C, self.M, self.G, self.kh,
