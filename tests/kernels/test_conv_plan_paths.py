@@ -1,7 +1,7 @@
 """The convolution plan's data-movement paths (issue 27) give the bits of the paths they
-replace: weights packed in Numba against NumPy's transposes, the pointwise data gradient reading
-the top diff in place against packing it, the weight-gradient parts summed by several threads
-against one; and the results stay within a float32 sum of the reference kernels."""
+replace: the pointwise data gradient reading the top diff in place against packing it, the
+packed layout against NumPy's, the pointwise weight gradient's images in one hand-off against
+one product per image; and the results stay within a float32 sum of the reference kernels."""
 import numpy
 import pytest
 
@@ -9,60 +9,12 @@ from caffe_engine.kernels.geometry import ConvGeometry
 
 pytest.importorskip("numba", reason="the cpu kernel set needs Numba")
 from caffe_engine.kernels.cpu import CpuKernels, conv  # noqa: E402
-from caffe_engine.kernels.cpu.conv import MR  # noqa: E402
 from caffe_engine.kernels.cpu.team import Team  # noqa: E402
 from caffe_engine.kernels.cpu.tuning import CpuTuning  # noqa: E402
 from test_cpu_vs_reference import (REF, assert_sums_close, conv_arrays,  # noqa: E402
                                    conv_results)
 
 f32 = numpy.float32
-
-
-def numpy_panels(a):
-    """The panels of ``a`` (G, R, K) as (G, Rpad / MR, K, MR), zero rows after R."""
-    G, R, K = a.shape
-    rpad = -(-R // MR) * MR
-    padded = numpy.zeros((G, rpad, K), f32)
-    padded[:, :R] = a
-    return padded.reshape(G, rpad // MR, MR, K).transpose(0, 1, 3, 2).reshape(-1)
-
-
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("shape", [(1, 5, 3, 1, 1), (2, 9, 4, 3, 3), (3, 17, 2, 5, 2),
-                                   (1, 8, 16, 7, 7), (4, 1, 1, 1, 3)])
-def test_weights_pack_into_panels_as_numpy_transposes_them(threads, shape):
-    G, Mg, Cg, kh, kw = shape
-    w = numpy.random.default_rng(sum(shape)).standard_normal((G * Mg, Cg, kh, kw)).astype(f32)
-    team = Team(threads)
-    for flip in (False, True):
-        if flip:
-            a = w.reshape(G, Mg, Cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
-            a = a.reshape(G, Cg, Mg * kh * kw)
-        else:
-            a = w.reshape(G, Mg, Cg * kh * kw)
-        want = numpy_panels(a)
-        out = numpy.full(want.size + 3, numpy.nan, f32)
-        team.run(conv.pack_panels, w.reshape(-1), out, G, Mg, Cg, kh * kw, flip)
-        numpy.testing.assert_array_equal(out[:want.size], want)
-        assert numpy.isnan(out[want.size:]).all()
-
-
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("narrow", [False, True])
-def test_weight_grad_parts_sum_in_part_order_on_any_thread_count(threads, narrow):
-    M, G, Kg, parts = 12, 3, 7, 3
-    mr, nr = (conv.MR_NARROW, conv.NR_NARROW) if narrow else (conv.MR, conv.NR)
-    kgpad, mgv = -(-Kg // mr) * mr, -(-(M // G) // nr) * nr
-    stride = G * kgpad * mgv + 5
-    rng = numpy.random.default_rng(3)
-    ws = rng.standard_normal(parts * stride).astype(f32)
-    dw = rng.standard_normal(M * Kg).astype(f32)
-    want = dw.reshape(G, M // G, Kg).copy()
-    for p in range(parts):
-        part = ws[p * stride:p * stride + G * kgpad * mgv].reshape(G, kgpad, mgv)
-        want += part[:, :Kg, :M // G].transpose(0, 2, 1)
-    Team(threads).run(conv.weight_grad_sum, dw, M, G, Kg, narrow, parts, ws, stride)
-    numpy.testing.assert_array_equal(dw, want.reshape(-1))
 
 
 def held_with_slack(a, slack):

@@ -186,39 +186,19 @@ def unpack(xt, x, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB, t, threads):
                         x[numba.uint64(dst + w0 + sw * e)] = xt[numba.uint64(src + NB * e)]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def pack_panels(w, out, G, Mg, Cg, khw, flip, t, threads):
-    """The weights ``w`` (G Mg, Cg, khw) (flat, C order) into ``out`` as the micro-kernel's
-    packed panels (G, Rpad / MR, K, MR), ``Rpad = round_up(R, MR)``, zero rows after R: a
-    panel's MR values of one k are adjacent, so the micro-kernel reads its A operand as one
-    stream. Without ``flip`` the rows are output channels and ``k = (c, s)``: ``A[g, m, k] =
-    w[g Mg + m, c, s]`` (R = Mg, K = Cg khw); with ``flip`` the rows are input channels and
-    ``k = (m, s)``: ``A[g, c, k] = w[g Mg + m, c, khw - 1 - s]`` (R = Cg, K = Mg khw), the
-    transposed filters turned by 180 degrees of the flipped data gradient. Threads split the
-    panels."""
-    R = Cg if flip else Mg
-    K = Mg * khw if flip else Cg * khw
-    panels = (R + MR - 1) // MR
-    zero = f32(0)
-    for job in range(G * panels * t // threads, G * panels * (t + 1) // threads):
-        g = job // panels
-        r0 = (job - g * panels) * MR
-        dst = job * K * MR
-        for r in range(MR):
-            row = r0 + r
-            if row >= R:
-                for k in range(K):
-                    out[dst + k * MR + r] = zero
-                continue
-            if flip:
-                for m in range(Mg):
-                    src = ((g * Mg + m) * Cg + row) * khw + khw - 1
-                    for s in range(khw):
-                        out[dst + (m * khw + s) * MR + r] = w[src - s]
-            else:
-                src = (g * Mg + row) * K
-                for k in range(K):
-                    out[dst + k * MR + r] = w[src + k]
+def pack_panels(a, out):
+    """``a`` (G, R, K) into ``out`` as the micro-kernel's packed panels (G, Rpad / MR, K, MR),
+    ``Rpad = round_up(R, MR)``, zero rows after R: a panel's MR values of one k are adjacent,
+    so the micro-kernel reads its A operand as one stream."""
+    G, R, K = a.shape
+    rpad = round_up(R, MR)
+    view = out[:G * rpad * K].reshape(G, rpad // MR, K, MR)
+    full = R // MR
+    view[:, :full] = a[:, :full * MR].reshape(G, full, MR, K).transpose(0, 1, 3, 2)
+    if rpad > full * MR:
+        view[:, full] = 0
+        view[:, full, :, :R - full * MR] = a[:, full * MR:].transpose(0, 2, 1)
+    return out
 
 
 def offsets(channels, kernel, dilation, stride, Hs, Ws, NB, count):
@@ -465,24 +445,20 @@ def weight_grad(xt, offs, dy, N, C, M, G, OH, OW, Hs, Ws, sh, sw, NB, Kg, narrow
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def weight_grad_sum(dw_acc, M, G, Kg, narrow, parts, ws, ws_stride, t, threads):
-    """``dw_acc`` (M, Kg) += the ``parts`` partial sums of :func:`weight_grad`, each element in
-    part order; thread ``t`` of ``threads`` takes output channels ``M t / threads`` to
-    ``M (t + 1) / threads`` (the sums do not depend on ``threads``)."""
+def weight_grad_sum(dw_acc, M, G, Kg, narrow, threads, ws, ws_stride):
+    """``dw_acc`` (M, Kg) += the parts of :func:`weight_grad`, in part order."""
     mr = MR_NARROW if narrow else MR
     nr = NR_NARROW if narrow else NR
     Mg = M // G
     kgpad = (Kg + mr - 1) // mr * mr
     mgv = (Mg + nr - 1) // nr * nr
-    for p in range(parts):
-        acc = p * ws_stride
-        for mm in range(M * t // threads, M * (t + 1) // threads):
-            g = mm // Mg
-            m = mm - g * Mg
-            row = mm * Kg
-            src = acc + g * kgpad * mgv + m
-            for k in range(Kg):
-                dw_acc[row + k] += ws[src + k * mgv]
+    for t in range(threads):
+        acc = t * ws_stride
+        for g in range(G):
+            for m in range(Mg):
+                row = (g * Mg + m) * Kg
+                for k in range(Kg):
+                    dw_acc[row + k] += ws[acc + (g * kgpad + k) * mgv + m]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -25,8 +25,6 @@ def slack_after(a):
 
 #: Floats a kernel may read past a packed or in-place input.
 READ_PAST = NR + 16
-#: Packed weights below this many floats are packed on the caller's thread alone.
-PARALLEL_PACK = 1 << 14
 
 
 class Conv2dPlan:
@@ -121,17 +119,11 @@ class Conv2dPlan:
         return self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
                           self.fHs, self.fWs, self.fNB)
 
-    def _packed_weights(self, w, flip=False):
-        """``w`` (M, Cg, kh, kw) in the micro-kernel's panels (:func:`conv.pack_panels`): as
-        the forward reads them, or ``flip``: the flipped data gradient's filters."""
-        rows, cols = (self.Cg, self.Mg) if flip else (self.Mg, self.Cg)
-        khw = self.kh * self.kw
-        size = self.G * round_up(rows, MR) * cols * khw
-        out = self.workspace.get("conv_w", size)
-        parts = None if size >= PARALLEL_PACK else 1
-        self.team.run(conv.pack_panels, numpy.ascontiguousarray(w).reshape(-1), out, self.G,
-                      self.Mg, self.Cg, khw, flip, parts=parts)
-        return out
+    def _packed_weights(self, w, rows, cols):
+        """``w`` (G, rows, cols) in the micro-kernel's panels (:func:`conv.pack_panels`)."""
+        G = self.G
+        out = self.workspace.get("conv_w", G * round_up(rows, MR) * cols)
+        return conv.pack_panels(w.reshape(G, rows, cols), out)
 
     def _scratch(self, floats):
         return self.workspace.get("conv_scratch", self.threads * floats), floats
@@ -139,7 +131,7 @@ class Conv2dPlan:
     # -- the kernel interface --------------------------------------------------------------
     def forward(self, x, w, bias, y):
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
-        wp = self._packed_weights(w)
+        wp = self._packed_weights(w, self.Mg, self.Kg)
         xt = self._input(x)
         ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
                                                         self.skew))
@@ -150,11 +142,12 @@ class Conv2dPlan:
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
-        G, Mg, kh, kw = self.G, self.Mg, self.kh, self.kw
+        G, Mg, Cg, kh, kw = self.G, self.Mg, self.Cg, self.kh, self.kw
         if self.flip:
             # dx = correlation of dy (padded by extent - 1 - pad) with the flipped filters
             # W'[g, c, (m, i, j)] = W[g Mg + m, c, kh - 1 - i, kw - 1 - j].
-            wp = self._packed_weights(w, flip=True)
+            flipped = w.reshape(G, Mg, Cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+            wp = self._packed_weights(flipped, Cg, Mg * kh * kw)
             dyt = self._flip_input(dy)
             ws, stride = self._scratch(conv.forward_scratch(self.C, G, self.flip_blocks[2],
                                                             self.skew))
@@ -200,8 +193,8 @@ class Conv2dPlan:
         self.team.run(conv.weight_grad, xt, self.offs, dy.reshape(-1), self.N, self.C, self.M,
                       self.G, self.OH, self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB,
                       self.Kg, self.wg_narrow, *self.blocks, ws, stride)
-        self.team.run(conv.weight_grad_sum, dw.reshape(-1), self.M, self.G, self.Kg,
-                      self.wg_narrow, self.threads, ws, stride)
+        conv.weight_grad_sum(dw.reshape(-1), self.M, self.G, self.Kg, self.wg_narrow,
+                             self.threads, ws, stride)
 
     def bias_grad(self, dy, db):
         """``db += dy`` summed over images and positions."""
