@@ -102,3 +102,29 @@ def test_summed_products_give_the_bits_of_one_product_per_image(shape, threads, 
     numpy.testing.assert_array_equal(got, want)
     numpy.testing.assert_allclose(got, c0 + numpy.einsum("imk,ink->mn", a, b), rtol=1e-4,
                                   atol=1e-3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 50, 7, 2, 3), (2, 4, 6, 20, 3, 1, 1),
+                                   (3, 2, 3, 6, 1, 1, 0)])
+def test_forward_blocks_of_whole_rows_give_the_bits_of_row_parts(shape, threads):
+    from caffe_engine.kernels.cpu import conv
+    N, C, M, H, k, s, p = shape
+    W = 112 * s          # rows of 112 valid positions: 2 of them in a run of 256 columns
+    out = ((H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1)
+    g = ConvGeometry(N, C, M, 1, (H, W), out, (k, k), (s, s), (p, p), (1, 1))
+    x, w, b, dy = conv_arrays(g, numpy.random.default_rng(sum(shape)))
+    plan = CpuKernels(CpuTuning(threads=threads, images_per_chunk=1)).conv(g)
+    got = {}
+    for blocks in ("runs", "parts"):
+        if blocks == "parts":
+            plan.forward_blocks = plan.blocks
+            if plan.flip:
+                plan.flip_blocks = conv.plan_blocks(N, H, W, plan.fWs, plan.fNB, 256)
+        else:
+            assert len(plan.forward_blocks[0]) < len(plan.blocks[0])
+        got[blocks] = conv_results(plan, g, x, w, b, dy)
+        if blocks == "runs":
+            assert_sums_close(got[blocks], conv_results(REF.conv(g), g, x, w, b, dy), x, w, dy)
+    for name in got["runs"]:
+        numpy.testing.assert_array_equal(got["runs"][name], got["parts"][name], err_msg=name)

@@ -218,18 +218,19 @@ def offsets(channels, kernel, dilation, stride, Hs, Ws, NB, count):
     return table
 
 
-def plan_blocks(N, OH, OW, Ws, NB, columns):
+def plan_blocks(N, OH, OW, Ws, NB, columns, runs=False):
     """The blocks of output positions: (chunk, first wide position, positions) int64 arrays.
 
     A row of a chunk holds ``OW NB`` valid positions. When that is at least two micro-kernel
-    widths, each row is cut into ``ceil(OW NB / columns)`` parts of whole micro-kernel widths
-    (the last one short), and no dropped position is computed. Otherwise a block is a run of
-    whole rows of the wide numbering (``Ws NB`` positions a row), about ``columns`` long.
+    widths (and not ``runs``), each row is cut into ``ceil(OW NB / columns)`` parts of whole
+    micro-kernel widths (the last one short), and no dropped position is computed. Otherwise a
+    block is a run of whole rows of the wide numbering (``Ws NB`` positions a row), about
+    ``columns`` long.
     """
     row_valid, row_wide = OW * NB, Ws * NB
     chunks, starts, lengths = [], [], []
     for nc in range(-(-N // NB)):
-        if row_valid >= 2 * NR:
+        if row_valid >= 2 * NR and not runs:
             parts = max(1, -(-row_valid // max(columns, NR)))
             size = round_up(-(-row_valid // parts), NR)
             for oh in range(OH):
@@ -254,6 +255,19 @@ def computed_positions(N, OH, OW, Ws, NB, columns):
     """Positions the micro-kernel computes for all blocks (valid, dropped and rounding)."""
     _, _, lengths = plan_blocks(N, OH, OW, Ws, NB, columns)
     return int(sum(round_up(int(n), NR) for n in lengths))
+
+
+def forward_blocks(N, OH, OW, Ws, NB, columns):
+    """The blocks for :func:`forward` alone, whose sums do not depend on them: those of
+    :func:`plan_blocks`, or its runs of whole rows where those compute fewer positions and a run
+    holds two rows or more (GoogLeNet's conv1, 112 valid of 115 wide positions a row: parts
+    of 144 computed a row, runs of two rows 240 for 224, 17% fewer)."""
+    parts = plan_blocks(N, OH, OW, Ws, NB, columns)
+    if OW * NB < 2 * NR or 2 * Ws * NB > columns:
+        return parts
+    runs = plan_blocks(N, OH, OW, Ws, NB, columns, runs=True)
+    computed = [sum(round_up(int(n), NR) for n in b[2]) for b in (parts, runs)]
+    return runs if computed[1] < computed[0] else parts
 
 
 def choose_chunk(N, C, M, OH, OW, Ws, kernel_dim, columns, tuning, in_place=False):

@@ -71,6 +71,8 @@ class Conv2dPlan:
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
                                     columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
+        self.forward_blocks = conv.forward_blocks(self.N, self.OH, self.OW, self.Ws, self.NB,
+                                                  columns)
         self.wg_narrow = conv.weight_grad_tile(self.M, self.G)[0] == MR_NARROW
         self.offs = conv.offsets(self.Cg, g.kernel, g.dilation, g.stride, self.Hs, self.Ws,
                                  self.NB, round_up(self.Kg, MR_NARROW if self.wg_narrow else MR))
@@ -87,8 +89,8 @@ class Conv2dPlan:
             # a pointwise convolution's top diff is read in place like its input (no pad)
             self.fNB = conv.choose_chunk(self.N, self.M, self.C, self.H, self.W, self.fWs, fk,
                                          columns, tuning, in_place=self.pointwise)
-            self.flip_blocks = conv.plan_blocks(self.N, self.H, self.W, self.fWs, self.fNB,
-                                                columns)
+            self.flip_blocks = conv.forward_blocks(self.N, self.H, self.W, self.fWs,
+                                                   self.fNB, columns)
             self.flip_offs = conv.offsets(self.Mg, g.kernel, g.dilation, (1, 1), self.fHs,
                                           self.fWs, self.fNB, fk)
 
@@ -133,12 +135,12 @@ class Conv2dPlan:
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
         wp = self._packed_weights(w, self.Mg, self.Kg)
         xt = self._input(x)
-        ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
-                                                        self.skew))
+        ws, stride = self._scratch(conv.forward_scratch(self.M, self.G,
+                                                        self.forward_blocks[2], self.skew))
         self.team.run(conv.forward, xt, self.offs, wp, bias if bias is not None else wp,
                       bias is not None, y.reshape(-1), self.N, self.C, self.M, self.G, self.OH,
                       self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg,
-                      *self.blocks, self.kc, self.skew, ws, stride)
+                      *self.forward_blocks, self.kc, self.skew, ws, stride)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
