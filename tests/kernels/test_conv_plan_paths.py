@@ -72,12 +72,14 @@ def test_pack_lays_the_input_out_as_numpy_does(shape, NB, threads):
     Team(threads).run(conv.pack, x.reshape(-1), xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws, NB)
     numpy.testing.assert_array_equal(xt[:want.size], want)
     assert numpy.isnan(xt[want.size:]).all()
-    # a wider layout than the rows need (col2im's top diff in the input's phase width)
-    Ws2 = Ws + 3
-    want = numpy_packed(x, ph, pw, sh, sw, Hs, Ws2, NB)
-    xt = numpy.full(want.size, numpy.nan, f32)
-    Team(threads).run(conv.pack, x.reshape(-1), xt, N, C, H, W, ph, pw, sh, sw, Hs, Ws2, NB)
-    numpy.testing.assert_array_equal(xt, want)
+    # a wider layout than the rows need (col2im's top diff in the input's phase width), and
+    # one cutting the last row and column off
+    for Hs2, Ws2 in ((Hs, Ws + 3), (Hs - 1, Ws - 1)):
+        want = numpy_packed(x, ph, pw, sh, sw, Hs2, Ws2, NB)
+        xt = numpy.full(want.size, numpy.nan, f32)
+        Team(threads).run(conv.pack, x.reshape(-1), xt, N, C, H, W, ph, pw, sh, sw, Hs2, Ws2,
+                          NB)
+        numpy.testing.assert_array_equal(xt, want)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
