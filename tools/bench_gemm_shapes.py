@@ -14,7 +14,9 @@ sums over the layers: the FLOP-weighted rate is what a convolution built on GEMM
 at best, to put beside the measured 2048^3 peak and the engine's convolutions.
 
 Beside it, the engine's own convolution layers of the same net: each layer's forward and backward
-timed alone (median of 3), their FLOPs over their seconds, in percent of the same peak.
+timed alone (median of 3), their FLOPs over their seconds, in percent of the same peak; with
+``--layers`` each layer's GEMM rate, forward and backward milliseconds and rate (to set beside
+``caffe time``'s per-layer figures of the same TRAIN net).
 
 Usage: python tools/bench_gemm_shapes.py --nets resnet50,googlenet,vgg16 [--batch 32]
 [--json docs/bench/gemm_shapes.json]. The measuring runs in a child process without the two
@@ -125,21 +127,28 @@ def time_products(shapes, reps=3):
     return rows
 
 
-def engine_convolutions(net, reps=3):
-    """(FLOPs, seconds): the engine's convolution layers of ``net``, each layer's forward and
-    backward timed alone (median of ``reps``), as the products above count them (no data
-    gradient where the layer does not propagate down, as for a net's first convolution)."""
-    flops = seconds = 0.0
+def engine_layers(net, reps=3):
+    """[(layer, FLOPs, forward s, backward s)]: the engine's convolution layers of ``net``, each
+    layer's forward and backward timed alone (median of ``reps``), FLOPs as the products above
+    count them (no data gradient where the layer does not propagate down, as for a net's first
+    convolution)."""
+    rows = []
     for i, layer in enumerate(net.layers):
         if layer.type != "Convolution":
             continue
         bottom, top = net.bottom_vecs[i], net.top_vecs[i]
         down = net.bottom_need_backward[i]
         product = 2.0 * top[0].count * layer.blobs[0].count // layer.blobs[0].shape[0]
-        seconds += _median_seconds(lambda: layer.forward(bottom, top), reps)
-        seconds += _median_seconds(lambda: layer.backward(top, down, bottom), reps)
-        flops += product * (3 if any(down) else 2)
-    return flops, seconds
+        forward = _median_seconds(lambda: layer.forward(bottom, top), reps)
+        backward = _median_seconds(lambda: layer.backward(top, down, bottom), reps)
+        rows.append((net.layer_names[i], product * (3 if any(down) else 2), forward, backward))
+    return rows
+
+
+def engine_convolutions(net, reps=3):
+    """(FLOPs, seconds): :func:`engine_layers` summed."""
+    rows = engine_layers(net, reps)
+    return sum(r[1] for r in rows), sum(r[2] + r[3] for r in rows)
 
 
 def worker(args):
@@ -149,8 +158,11 @@ def worker(args):
     out = {"blas": blas, "peak": peak, "nets": {}}
     for name in args.nets.split(","):
         net = build(name, args.batch)
+        layers = engine_layers(net)
         out["nets"][name] = {"products": time_products(conv_shapes(net)),
-                             "engine": engine_convolutions(net)}
+                             "engine": (sum(r[1] for r in layers),
+                                        sum(r[2] + r[3] for r in layers)),
+                             "engine_layers": layers}
         del net
     json.dump(out, sys.stdout)
 
@@ -192,9 +204,12 @@ def main(argv=None):
         print(f"{net:<12}{flops / 1e9:>12.1f}{seconds:>9.3f}{rate:>9.0f}{100 * rate / peak:>7.0f}%"
               f"{eseconds:>10.3f}{erate:>9.0f}{100 * erate / peak:>7.0f}%{erate / rate:>8.2f}")
         if args.layers:
-            for name, M, K, P, G, f, s in rows:
+            print(f"    {'layer':<22} {'':>7} {'':>7} {'':>8} {'':>6}  {'GEMM':>12}"
+                  f"{'engine fwd ms':>15}{'bwd ms':>9}{'GFLOP/s':>9}")
+            for (name, M, K, P, G, f, s), (_, ef, fs, bs) in zip(rows, found["engine_layers"]):
                 print(f"    {name:<22} M {M:>5} K {K:>5} P {P:>6} G {G:>4}  "
-                      f"{f / s / 1e9:>6.0f} GFLOP/s")
+                      f"{f / s / 1e9:>6.0f} GFLOP/s{1e3 * fs:>15.2f}{1e3 * bs:>9.2f}"
+                      f"{ef / (fs + bs) / 1e9:>9.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

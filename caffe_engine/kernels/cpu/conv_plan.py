@@ -71,6 +71,8 @@ class Conv2dPlan:
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
                                     columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
+        self.forward_blocks = conv.forward_blocks(self.N, self.OH, self.OW, self.Ws, self.NB,
+                                                  columns)
         self.wg_narrow = conv.weight_grad_tile(self.M, self.G)[0] == MR_NARROW
         self.offs = conv.offsets(self.Cg, g.kernel, g.dilation, g.stride, self.Hs, self.Ws,
                                  self.NB, round_up(self.Kg, MR_NARROW if self.wg_narrow else MR))
@@ -84,10 +86,11 @@ class Conv2dPlan:
             self.fph, self.fpw = flip_pad
             self.fHs, self.fWs = self.OH + 2 * self.fph, self.OW + 2 * self.fpw
             fk = self.Mg * self.kh * self.kw
+            # a pointwise convolution's top diff is read in place like its input (no pad)
             self.fNB = conv.choose_chunk(self.N, self.M, self.C, self.H, self.W, self.fWs, fk,
-                                         columns, tuning)
-            self.flip_blocks = conv.plan_blocks(self.N, self.H, self.W, self.fWs, self.fNB,
-                                                columns)
+                                         columns, tuning, in_place=self.pointwise)
+            self.flip_blocks = conv.forward_blocks(self.N, self.H, self.W, self.fWs,
+                                                   self.fNB, columns)
             self.flip_offs = conv.offsets(self.Mg, g.kernel, g.dilation, (1, 1), self.fHs,
                                           self.fWs, self.fNB, fk)
 
@@ -109,6 +112,15 @@ class Conv2dPlan:
         return self._pack("conv_in", x, self.C, self.H, self.W, self.ph, self.pw, self.sh,
                           self.sw, self.Hs, self.Ws, self.NB)
 
+    def _flip_input(self, dy):
+        """The top diff in the flipped forward's layout: ``dy`` itself for a pointwise
+        convolution with one image a chunk (its layout is NCHW, no pad) when it has slack,
+        else packed."""
+        if self.pointwise and self.fNB == 1 and slack_after(dy) >= READ_PAST:
+            return dy.reshape(-1)
+        return self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
+                          self.fHs, self.fWs, self.fNB)
+
     def _packed_weights(self, w, rows, cols):
         """``w`` (G, rows, cols) in the micro-kernel's panels (:func:`conv.pack_panels`)."""
         G = self.G
@@ -123,12 +135,12 @@ class Conv2dPlan:
         """``y = conv(x, w) + bias`` (``bias`` None: no bias)."""
         wp = self._packed_weights(w, self.Mg, self.Kg)
         xt = self._input(x)
-        ws, stride = self._scratch(conv.forward_scratch(self.M, self.G, self.blocks[2],
-                                                        self.skew))
+        ws, stride = self._scratch(conv.forward_scratch(self.M, self.G,
+                                                        self.forward_blocks[2], self.skew))
         self.team.run(conv.forward, xt, self.offs, wp, bias if bias is not None else wp,
                       bias is not None, y.reshape(-1), self.N, self.C, self.M, self.G, self.OH,
                       self.OW, self.Hs, self.Ws, self.sh, self.sw, self.NB, self.Kg,
-                      *self.blocks, self.kc, self.skew, ws, stride)
+                      *self.forward_blocks, self.kc, self.skew, ws, stride)
 
     def backward_data(self, dy, w, dx):
         """``dx`` = the gradient with respect to the input (overwritten)."""
@@ -138,8 +150,7 @@ class Conv2dPlan:
             # W'[g, c, (m, i, j)] = W[g Mg + m, c, kh - 1 - i, kw - 1 - j].
             flipped = w.reshape(G, Mg, Cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4)
             wp = self._packed_weights(flipped, Cg, Mg * kh * kw)
-            dyt = self._pack("conv_in", dy, self.M, self.OH, self.OW, self.fph, self.fpw, 1, 1,
-                             self.fHs, self.fWs, self.fNB)
+            dyt = self._flip_input(dy)
             ws, stride = self._scratch(conv.forward_scratch(self.C, G, self.flip_blocks[2],
                                                             self.skew))
             self.team.run(conv.forward, dyt, self.flip_offs, wp, wp, False, dx.reshape(-1),
@@ -174,10 +185,9 @@ class Conv2dPlan:
         if self.gemm_weight_grad:
             # dW (M x C) += dY[n] (M x P) X[n]^T, image by image (Caffe's order of images)
             P = self.OH * self.OW
-            for n in range(self.N):
-                gemm.product(dy[n].reshape(self.M, P), x[n].reshape(self.C, P),
-                             dw.reshape(self.M, self.C), True, self.tuning, self.workspace,
-                             self.team, trans_b=True)
+            gemm.sum_products_bt(dy.reshape(self.N, self.M, P), x.reshape(self.N, self.C, P),
+                                 dw.reshape(self.M, self.C), self.tuning, self.workspace,
+                                 self.team)
             return
         xt = self._input(x)
         ws, stride = self._scratch(conv.weight_grad_scratch(self.C, self.M, self.G, self.kh,

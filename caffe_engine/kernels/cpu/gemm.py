@@ -51,17 +51,17 @@ def gemm(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, nc, 
         i_lo, i_hi = tiles * t // parts, tiles * (t + 1) // parts
     own = t * ws_stride
     for c_lo in range(p_lo, p_hi, nc):
-        _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, ws,
-                     own, c_lo, min(c_lo + nc, p_hi), i_lo, i_hi, nc)
+        _gemm_panels(a, 0, a_row, a_col, b, 0, b_row, b_col, c, ldc, m, n, k, accumulate, kc,
+                     ws, own, c_lo, min(c_lo + nc, p_hi), i_lo, i_hi, nc)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, ws, own,
-                 p_lo, p_hi, i_lo, i_hi, nc):
+def _gemm_panels(a, a0, a_row, a_col, b, b0, b_row, b_col, c, ldc, m, n, k, accumulate, kc, ws,
+                 own, p_lo, p_hi, i_lo, i_hi, nc):
     """:func:`gemm` on C's column panels ``[p_lo, p_hi)`` and row tiles ``[i_lo, i_hi)``: all of
     ``k``, ``kc`` rows of B at a time, packed into ``ws`` from ``own`` on (``nc`` panels' room,
-    then A's tile, then the edge tile). Each element's sum over ``k`` is the same whatever
-    columns a call covers."""
+    then A's tile, then the edge tile); A and B start at elements ``a0`` and ``b0`` of ``a``
+    and ``b``. Each element's sum over ``k`` is the same whatever columns a call covers."""
     u = numba.uint64
     zero = f32(0)
     ap = own + kc * nc * NR
@@ -74,12 +74,12 @@ def _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, 
             cols = min(NR, n - p * NR)
             if b_col == 1:
                 for r in range(kl):
-                    _copy(ws, base + r * NR, b, (k0 + r) * b_row + p * NR, cols)
+                    _copy(ws, base + r * NR, b, b0 + (k0 + r) * b_row + p * NR, cols)
                     _fill(ws, base + r * NR + cols, NR - cols, zero)
             else:
                 for jj in range(NR):
                     j = p * NR + jj
-                    src = u((k0 * b_row + j * b_col) if jj < cols else 0)
+                    src = u((b0 + k0 * b_row + j * b_col) if jj < cols else 0)
                     for r in range(u(kl)):
                         ws[u(base) + r * u(NR) + u(jj)] = (b[src + r * u(b_row)] if jj < cols
                                                           else zero)
@@ -91,7 +91,7 @@ def _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, 
             in_place = a_col == 1 and rows == MR
             if not in_place:
                 for ii in range(MR):
-                    src = u(((i0 + ii) * a_row + k0 * a_col) if ii < rows else 0)
+                    src = u((a0 + (i0 + ii) * a_row + k0 * a_col) if ii < rows else 0)
                     for r in range(u(kl)):
                         ws[u(ap) + r * u(MR) + u(ii)] = (a[src + r * u(a_col)]
                                                         if ii < rows else zero)
@@ -102,7 +102,7 @@ def _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, 
                 panel = own + (p - p_lo) * kc * NR
                 dst, d0, ldd = (c, i0 * ldc + j0, ldc) if whole else (ws, edge, NR)
                 if in_place:
-                    _mk_rows(a, i0 * a_row + k0, a_row, _NO_INDEX, 0, ws, panel, NR,
+                    _mk_rows(a, a0 + i0 * a_row + k0, a_row, _NO_INDEX, 0, ws, panel, NR,
                              _NO_INDEX, 0, dst, d0, ldd, kl, acc and whole)
                 else:
                     _mk_packed(ws, ap, 0, _NO_INDEX, 0, ws, panel, NR, _NO_INDEX, 0,
@@ -114,6 +114,38 @@ def _gemm_panels(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, 
                         at = (i0 + ii) * ldc + j0 + jj
                         value = ws[edge + ii * NR + jj]
                         c[at] = c[at] + value if acc else value
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemm_images(a, a_image, a_row, a_col, b, b_image, b_row, b_col, c, ldc, m, n, k, images,
+                transposed, kc, nc, ws, ws_stride, target, t, parts):
+    """For each image ``i`` in order, :func:`gemm` with A and B starting at elements
+    ``i a_image`` and ``i b_image``: ``c += A_i B_i`` (accumulating), or with ``transposed``
+    ``target`` (m x n) ``= A_i B_i``, then ``c[j ldc + r] += target[r, j]`` (C^T added, one
+    float32 add per element). Part ``t`` owns the same panels or tiles for every image, so it
+    reads back only what it wrote: one hand-off for all images, the bits of one :func:`gemm`
+    call (and NumPy's ``c += target.T``) per image."""
+    panels = (n + NR - 1) // NR
+    tiles = (m + MR - 1) // MR
+    p_lo, p_hi, i_lo, i_hi = 0, panels, 0, tiles
+    if panels >= tiles:
+        p_lo, p_hi = panels * t // parts, panels * (t + 1) // parts
+    else:
+        i_lo, i_hi = tiles * t // parts, tiles * (t + 1) // parts
+    own = t * ws_stride
+    for image in range(images):
+        a0, b0 = image * a_image, image * b_image
+        for c_lo in range(p_lo, p_hi, nc):
+            if transposed:
+                _gemm_panels(a, a0, a_row, a_col, b, b0, b_row, b_col, target, n, m, n, k,
+                             False, kc, ws, own, c_lo, min(c_lo + nc, p_hi), i_lo, i_hi, nc)
+            else:
+                _gemm_panels(a, a0, a_row, a_col, b, b0, b_row, b_col, c, ldc, m, n, k, True,
+                             kc, ws, own, c_lo, min(c_lo + nc, p_hi), i_lo, i_hi, nc)
+        if transposed:
+            for r in range(i_lo * MR, min(i_hi * MR, m)):
+                for j in range(p_lo * NR, min(p_hi * NR, n)):
+                    c[j * ldc + r] += target[r * n + j]
 
 
 def panel_room(m, n, nc, parts):
@@ -171,3 +203,27 @@ def product(a, b, c, accumulate, tuning, workspace, team, trans_a=False, trans_b
             c += target.T
         else:
             c[...] = target.T
+
+
+def sum_products_bt(a, b, c, tuning, workspace, team):
+    """``c (M x N) += a[i] (M x K) b[i]^T (K x N)`` for each image ``i`` in order: the sums of
+    :func:`product` ``(a[i], b[i], c, True, trans_b=True)`` called image after image (C or
+    C^T computed as it picks), in one hand-off to ``team``. ``a`` (images, M, K) and ``b``
+    (images, N, K) C-contiguous float32, ``c`` C-contiguous."""
+    images, m, k = a.shape
+    n = b.shape[1]
+    # product()'s choice: B^T is packed from strided reads, A^T (computing C^T) A's rows
+    transposed = m * k < k * n
+    kc = max(1, min(tuning.gemm_kc, k))
+    if transposed:
+        args = (b.reshape(-1), n * k, k, 1, a.reshape(-1), m * k, 1, k)
+        m, n = n, m
+    else:
+        args = (a.reshape(-1), m * k, k, 1, b.reshape(-1), n * k, 1, k)
+    parts = team.threads if 2 * m * n * k * images >= PARALLEL_FLOPS else 1
+    nc = panel_room(m, n, panels_at_once(kc, tuning), parts)
+    per_part = scratch(kc, nc)
+    ws = workspace.get("gemm", parts * per_part)
+    target = workspace.get("gemm_t", m * n) if transposed else ws
+    team.run(gemm_images, *args, c.reshape(-1), c.shape[1], m, n, k, images, transposed, kc,
+             nc, ws, per_part, target, parts=parts)
