@@ -218,6 +218,10 @@ VARIABLES = (
        "set: data-parallel ranks keep their thread counts"),
     _V("BLIS_NUM_THREADS", "library", "unset",
        "set: data-parallel ranks keep their thread counts"),
+    _V("NUMBA_CACHE_DIR", "library", "unset (beside the sources)",
+       "where Numba caches the compiled kernels; set, the engine leaves that cache alone "
+       "(unset, it drops the kernel set's cache when any of its sources changed: "
+       "caffe_engine/kernels/cpu/stale_cache.py)"),
     _V("OPENBLAS_CORETYPE", "library", "unset",
        "OpenBLAS's forced kernel, named in the start-up line when below the CPU's AVX-512"),
 )

@@ -17,6 +17,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from ... import environment
+
 #: The fingerprint file, in the cache folder.
 STAMP = "caffe_engine-sources.sha1"
 
@@ -36,7 +38,7 @@ def drop_stale_cache(folder):
     cannot be written (Numba then caches elsewhere). Never raises for file errors: a process
     that loses a race with another one only compiles again."""
     cache = Path(folder) / "__pycache__"
-    if os.environ.get("NUMBA_CACHE_DIR") or not os.access(folder, os.W_OK):
+    if environment.raw("NUMBA_CACHE_DIR") or not os.access(folder, os.W_OK):
         return False
     digest = sources_digest(folder)
     stamp = cache / STAMP
