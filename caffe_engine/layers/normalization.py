@@ -58,6 +58,10 @@ class LRNLayer(Layer):
     Fields read (lrn_param): local_size (5, odd), alpha (1), beta (0.75), k (1), norm_region
     (ACROSS_CHANNELS). ``engine`` is ignored.
 
+    ACROSS_CHANNELS keeps the scale from forward to backward (Caffe's ``scale_``, no blob); on
+    the cpu kernel set the solver's train net places it in its gradient memory
+    (:meth:`saved_bytes`, :mod:`caffe_engine.diff_sharing`).
+
     Raises:
         CaffeError: even local_size; a bottom without 4 axes; in-place use.
 
@@ -97,6 +101,16 @@ class LRNLayer(Layer):
 
     def forward(self, bottom, top):
         self.plan.forward(bottom[0].data, top[0].data)
+
+    def saved_bytes(self):
+        """ACROSS_CHANNELS's scale (Caffe's ``scale_``), float32 (N, C, H, W), where the kernel
+        set's plan lets the net place it (``plan.saved_bytes``; 0 for plans that keep their
+        own arrays, such as the reference set's)."""
+        return 0 if self.plan is None else getattr(self.plan, "saved_bytes", 0)
+
+    def keep_saved_in(self, buffer):
+        if self.saved_bytes():
+            self.plan.keep_saved_in(buffer)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
