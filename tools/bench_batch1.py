@@ -22,8 +22,13 @@ threads of that environment are printed first (threadpoolctl, in a child process
 ``--baseline DIR`` times another checkout of the engine (``PYTHONPATH=DIR``) in the same turns,
 for a before/after figure on the same load.
 
+``--train-nets DIR`` times the TRAIN nets that ``tools/bench_train.py --write-nets DIR`` wrote
+(``DIR/<net>/train.prototxt``: batch 32, a Data layer on an LMDB, the losses) instead of the
+deploy nets at batch 1: the ``caffe time`` figures of the zoo table, with a baseline beside.
+
 Usage: python tools/bench_batch1.py [--nets resnet50,googlenet,mobilenet,vgg16] [--runs 3]
-[--iterations 10] [--caffe-bin /path/to/caffe] [--baseline DIR] [--types] [--json out.json]
+[--iterations 10] [--caffe-bin /path/to/caffe] [--baseline DIR] [--train-nets DIR] [--types]
+[--json out.json]
 """
 import argparse
 import collections
@@ -126,7 +131,10 @@ def bench(names, args):
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
-            model = at_batch_1(deploy_path(name, args.caffe_bin), folder)
+            if args.train_nets:
+                model = os.path.join(args.train_nets, name, "train.prototxt")
+            else:
+                model = at_batch_1(deploy_path(name, args.caffe_bin), folder)
             runs = {label: [] for label, _, _ in commands}
             types = {label: {} for label, _, _ in commands}
             load = [os.getloadavg()[0]]
@@ -136,7 +144,8 @@ def bench(names, args):
                                                  args.threads, path)
                     runs[label].append(ms)
             load.append(os.getloadavg()[0])
-            results[name] = {"model": deploy_path(name, args.caffe_bin), "runs": runs,
+            results[name] = {"model": model if args.train_nets else
+                             deploy_path(name, args.caffe_bin), "runs": runs,
                              "load": load, "types": types,
                              **{k + "_median": _median(v) for k, v in runs.items()}}
             report(name, results[name], args.types)
@@ -178,12 +187,18 @@ def main(argv=None):
     parser.add_argument("--baseline", default=None,
                         help="another engine checkout (its PYTHONPATH) timed in the same turns")
     parser.add_argument("--types", action="store_true")
+    parser.add_argument("--train-nets", default=None,
+                        help="time DIR/<net>/train.prototxt (bench_train.py --write-nets DIR) "
+                             "instead of the deploy nets at batch 1")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     names = [n for n in args.nets.split(",") if n]
-    unknown = [n for n in names if n not in NETS]
+    known = NETS if not args.train_nets else [
+        n for n in sorted(os.listdir(args.train_nets))
+        if os.path.exists(os.path.join(args.train_nets, n, "train.prototxt"))]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown nets {unknown}; known: {', '.join(NETS)}")
+        parser.error(f"unknown nets {unknown}; known: {', '.join(known)}")
     info = json.loads(subprocess.run(
         [sys.executable, "-c", "import json, sys; sys.path.insert(0, %r); import bench_train; "
          "print(json.dumps(bench_train.blas_info()))" % HERE],
