@@ -29,22 +29,25 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 """
 
 
-def _solver(monkeypatch, share):
+def _solver(monkeypatch, share, net_text=POOL_NET, seed=3):
+    """A momentum SGD solver of ``net_text`` (a NetParameter's text), diff sharing on or off;
+    also :mod:`test_lrn_diff_sharing`'s."""
     monkeypatch.setenv("CAFFE_ENGINE_SHARE_DIFFS", "1" if share else "0")
     param = caffe_pb2.SolverParameter(base_lr=0.05, momentum=0.9, lr_policy="fixed",
-                                      max_iter=100, display=0, random_seed=3,
+                                      max_iter=100, display=0, random_seed=seed,
                                       snapshot_after_train=False)
-    param.net_param.CopyFrom(parse_text(POOL_NET, caffe_pb2.NetParameter()))
+    param.net_param.CopyFrom(parse_text(net_text, caffe_pb2.NetParameter()))
     return get_solver(param)
 
 
-def _feed(net, batch, seed):
+def _feed(net, batch, seed, chw=(2, 9, 9)):
+    """Random data (batch, *chw) and labels 0..2 from ``seed``, reshaping the net to ``batch``."""
     rng = numpy.random.default_rng(seed)
     if net.blobs["data"].shape[0] != batch:
-        net.blobs["data"].reshape(batch, 2, 9, 9)
+        net.blobs["data"].reshape(batch, *chw)
         net.blobs["label"].reshape(batch)
         net.reshape()
-    net.blobs["data"].data[...] = rng.standard_normal((batch, 2, 9, 9), dtype=numpy.float32)
+    net.blobs["data"].data[...] = rng.standard_normal((batch, *chw), dtype=numpy.float32)
     net.blobs["label"].data[...] = rng.integers(0, 3, batch)
 
 

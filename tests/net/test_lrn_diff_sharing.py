@@ -3,10 +3,8 @@
 computes the same bits as with every blob's diff and every scale in memory of its own."""
 import numpy
 
-from caffe_engine.io.prototxt import parse_text
 from caffe_engine.kernels.cpu.lrn import LRNPlan as CpuLRNPlan
-from caffe_engine.proto import caffe_pb2
-from caffe_engine.solvers import get_solver
+from test_diff_sharing import _feed as shared_feed, _solver as shared_solver
 
 LRN_NET = """
 layer { name: "input" type: "Input" top: "data" top: "label"
@@ -33,22 +31,11 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 
 
 def _solver(monkeypatch, share):
-    monkeypatch.setenv("CAFFE_ENGINE_SHARE_DIFFS", "1" if share else "0")
-    param = caffe_pb2.SolverParameter(base_lr=0.05, momentum=0.9, lr_policy="fixed",
-                                      max_iter=100, display=0, random_seed=5,
-                                      snapshot_after_train=False)
-    param.net_param.CopyFrom(parse_text(LRN_NET, caffe_pb2.NetParameter()))
-    return get_solver(param)
+    return shared_solver(monkeypatch, share, LRN_NET, seed=5)
 
 
 def _feed(net, batch, seed):
-    rng = numpy.random.default_rng(seed)
-    if net.blobs["data"].shape[0] != batch:
-        net.blobs["data"].reshape(batch, 6, 7, 7)
-        net.blobs["label"].reshape(batch)
-        net.reshape()
-    net.blobs["data"].data[...] = rng.standard_normal((batch, 6, 7, 7), dtype=numpy.float32)
-    net.blobs["label"].data[...] = rng.integers(0, 3, batch)
+    shared_feed(net, batch, seed, chw=(6, 7, 7))
 
 
 def _state(net):

@@ -31,6 +31,18 @@ _NO_INDEX = numpy.zeros(1, numpy.int64)
 PARALLEL_FLOPS = 1 << 20
 
 
+
+@njit(cache=True, nogil=True, inline="always")
+def _part_share(m, n, t, parts):
+    """Part ``t`` of ``parts``'s column panels ``[p_lo, p_hi)`` and row tiles ``[i_lo, i_hi)``
+    of an (m x n) C: the panels split when there are at least as many as tiles, else the
+    tiles."""
+    panels = (n + NR - 1) // NR
+    tiles = (m + MR - 1) // MR
+    if panels >= tiles:
+        return panels * t // parts, panels * (t + 1) // parts, 0, tiles
+    return 0, panels, tiles * t // parts, tiles * (t + 1) // parts
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemm(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, nc, ws,
          ws_stride, t, parts):
@@ -42,13 +54,7 @@ def gemm(a, a_row, a_col, b, b_row, b_col, c, ldc, m, n, k, accumulate, kc, nc, 
     ``ws``: ``parts`` areas of ``ws_stride`` floats (:func:`scratch`): the part's packed panels
     of B, a packed tile of A and an edge tile of C.
     """
-    panels = (n + NR - 1) // NR
-    tiles = (m + MR - 1) // MR
-    p_lo, p_hi, i_lo, i_hi = 0, panels, 0, tiles
-    if panels >= tiles:
-        p_lo, p_hi = panels * t // parts, panels * (t + 1) // parts
-    else:
-        i_lo, i_hi = tiles * t // parts, tiles * (t + 1) // parts
+    p_lo, p_hi, i_lo, i_hi = _part_share(m, n, t, parts)
     own = t * ws_stride
     for c_lo in range(p_lo, p_hi, nc):
         _gemm_panels(a, 0, a_row, a_col, b, 0, b_row, b_col, c, ldc, m, n, k, accumulate, kc,
@@ -125,13 +131,7 @@ def gemm_images(a, a_image, a_row, a_col, b, b_image, b_row, b_col, c, ldc, m, n
     float32 add per element). Part ``t`` owns the same panels or tiles for every image, so it
     reads back only what it wrote: one hand-off for all images, the bits of one :func:`gemm`
     call (and NumPy's ``c += target.T``) per image."""
-    panels = (n + NR - 1) // NR
-    tiles = (m + MR - 1) // MR
-    p_lo, p_hi, i_lo, i_hi = 0, panels, 0, tiles
-    if panels >= tiles:
-        p_lo, p_hi = panels * t // parts, panels * (t + 1) // parts
-    else:
-        i_lo, i_hi = tiles * t // parts, tiles * (t + 1) // parts
+    p_lo, p_hi, i_lo, i_hi = _part_share(m, n, t, parts)
     own = t * ws_stride
     for image in range(images):
         a0, b0 = image * a_image, image * b_image

@@ -112,6 +112,16 @@ def _counted_loop(builder, count, body):
     builder.position_at_end(done)
 
 
+def _unrolled_rows(builder, rows, rows_at):
+    """Emit ``rows_at(builder, first, count)`` over ``rows`` (an i64) in groups of
+    :data:`_UNROLL` rows, then the remaining rows one at a time."""
+    u = ir.Constant(I64, _UNROLL)
+    groups = builder.sdiv(rows, u)
+    _counted_loop(builder, groups, lambda b, g: rows_at(b, b.mul(g, u), _UNROLL))
+    done = builder.mul(groups, u)
+    _counted_loop(builder, builder.sub(rows, done), lambda b, i: rows_at(b, b.add(done, i), 1))
+
+
 def _vector_op(kind, w):
     """Codegen of the row operations (see the module docstring), ``w`` floats a vector.
 
@@ -1066,12 +1076,7 @@ def _taps_rows_codegen(w):
                     builder.call(mstore, [acc, _vptr(builder, pd, at, w), align, mask])
             _counted_loop(builder, chunks, chunk)
 
-        u = ir.Constant(I64, _UNROLL)
-        groups = builder.sdiv(rows, u)
-        _counted_loop(builder, groups, lambda b, g: rows_at(b, b.mul(g, u), _UNROLL))
-        done = builder.mul(groups, u)
-        _counted_loop(builder, builder.sub(rows, done),
-                      lambda b, i: rows_at(b, b.add(done, i), 1))
+        _unrolled_rows(builder, rows, rows_at)
         return context.get_dummy_value()
     return codegen
 
@@ -1140,12 +1145,7 @@ def _taps3x3_codegen(w, sign):
                     builder.call(mstore, [acc, _vptr(builder, pd, at, w), align, mask])
             _counted_loop(builder, chunks, chunk)
 
-        u = ir.Constant(I64, _UNROLL)
-        groups = builder.sdiv(rows, u)
-        _counted_loop(builder, groups, lambda b, g: rows_at(b, b.mul(g, u), _UNROLL))
-        done = builder.mul(groups, u)
-        _counted_loop(builder, builder.sub(rows, done),
-                      lambda b, i: rows_at(b, b.add(done, i), 1))
+        _unrolled_rows(builder, rows, rows_at)
         return context.get_dummy_value()
     return codegen
 
