@@ -106,11 +106,10 @@ class LRNLayer(Layer):
         """ACROSS_CHANNELS's scale (Caffe's ``scale_``), float32 (N, C, H, W), where the kernel
         set's plan lets the net place it (``plan.saved_bytes``; 0 for plans that keep their
         own arrays, such as the reference set's)."""
-        return 0 if self.plan is None else getattr(self.plan, "saved_bytes", 0)
+        return 0 if self.plan is None else self.plan.saved_bytes
 
     def keep_saved_in(self, buffer):
-        if self.saved_bytes():
-            self.plan.keep_saved_in(buffer)
+        self.plan.keep_saved_in(buffer)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:

@@ -137,6 +137,12 @@ class LRNPlan:
         RuntimeError: ``backward`` before any ``forward``.
     """
 
+    #: The scale stays a device array of the plan's own: nothing to place elsewhere.
+    saved_bytes = 0
+
+    def keep_saved_in(self, buffer):
+        """Nothing to keep (:attr:`saved_bytes` is 0)."""
+
     def __init__(self, device, geometry):
         g = self.geometry = geometry
         self.device = device

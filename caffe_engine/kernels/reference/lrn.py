@@ -74,6 +74,12 @@ class LRNPlan:
         self.alpha, self.beta, self.k = f32(geometry.alpha), f32(geometry.beta), f32(geometry.k)
         self.scale = None
 
+    #: The reference makes a new scale each forward: nothing to place elsewhere.
+    saved_bytes = 0
+
+    def keep_saved_in(self, buffer):
+        """Nothing to keep (:attr:`saved_bytes` is 0)."""
+
     def forward(self, x, y):
         if self.geometry.within:
             self._within_forward(x, y)
