@@ -19,6 +19,8 @@ The scale (Caffe's ``scale_``) lives from ``forward`` to ``backward``: in a buff
 places (:meth:`LRNPlan.keep_saved_in`, the train net's gradient arena) or in one the plan
 allocates at its first call for a shape. WITHIN_CHANNEL runs the reference code.
 """
+import math
+
 import numba
 import numpy
 from numba import njit
@@ -193,9 +195,7 @@ class LRNPlan(ReferenceLRNPlan):
     def __init__(self, geometry, team, block_bytes=BLOCK_BYTES):
         super().__init__(geometry)
         self.team = team
-        count = 1
-        for d in geometry.shape:
-            count *= int(d)
+        count = math.prod(int(d) for d in geometry.shape)
         self.saved_bytes = 0 if geometry.within else 4 * count
         positions = count // max(1, int(geometry.shape[0]) * int(geometry.shape[1]))
         self.block_channels = max(1, block_bytes // (4 * max(1, positions)))
@@ -213,10 +213,7 @@ class LRNPlan(ReferenceLRNPlan):
     def _scale_for(self, shape):
         """The scale's array of ``shape``: the placed buffer when it has that size, else the
         plan's own, allocated when the shape changes."""
-        count = 1
-        for d in shape:
-            count *= int(d)
-        if self._kept is not None and self._kept.size == count:
+        if self._kept is not None and self._kept.size == math.prod(shape):
             return self._kept.reshape(shape)
         if self._own is None or self._own.shape != shape:
             self._own = numpy.empty(shape, f32)
