@@ -60,14 +60,14 @@ class Conv2dPlan:
         # (the packed layout is NCHW itself), when the array has slack past its end.
         self.pointwise = (g.kernel == (1, 1) and g.stride == (1, 1) and g.pad == (0, 0)
                           and g.dilation == (1, 1))
-        # A pointwise convolution that widens (M >= C), or has at least 28x28 positions, takes
-        # its weight gradient as a plain product per image: ResNet-50's 64 -> 256, 128 -> 512,
-        # 256 -> 1024 and 512 -> 2048 layers at batch 32 ran 2-3x faster so (86 -> 196 GFLOP/s
-        # at 56x56), its narrowing 256 -> 64 at 56x56 and 512 -> 256 at 28x28 1.4x (122 -> 176,
-        # 176 -> 248); narrowing ones on smaller planes were as fast or faster through the
-        # blocked kernel (1024 -> 512 at 14x14: 1.7x, 2048 -> 512 at 7x7: 4x).
-        self.gemm_weight_grad = (self.pointwise and self.G == 1
-                                 and (self.M >= self.C or self.OH * self.OW >= 784))
+        # A pointwise convolution that widens (M >= C) takes its weight gradient as a plain
+        # product per image: ResNet-50's 64 -> 256, 128 -> 512, 256 -> 1024 and 512 -> 2048
+        # layers at batch 32 ran 2-3x faster so (86 -> 196 GFLOP/s at 56x56) and still run
+        # 1.1-1.8x faster than the blocked kernel (2048 at 7x7: 26 -> 15 ms). Narrowing ones
+        # run faster through the blocked kernel now that its threads share the blocks evenly
+        # (:func:`conv.my_blocks`): 256 -> 64 at 56x56 21 -> 13 ms, 512 -> 128 at 28x28
+        # 22 -> 11 ms, 1024 -> 256 at 14x14 66 -> 11 ms (2 threads).
+        self.gemm_weight_grad = self.pointwise and self.G == 1 and self.M >= self.C
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
                                     columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
