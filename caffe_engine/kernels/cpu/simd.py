@@ -291,6 +291,7 @@ def _microkernel_codegen(w, rows, vectors, a_indirect, b_indirect, a_packed):
                if a_indirect and not a_packed else None)
         a_rows = _microkernel_a_rows(builder, pa, rows, lda_, pai, a_packed)
         pbi = builder.gep(_data(context, builder, sa[8], bi_), [bi0_]) if b_indirect else None
+        _prefetch_tile(builder, w, pc, ldc_, rows, vectors)
 
         def b_row_at(builder, kk):
             if b_indirect:
@@ -301,6 +302,22 @@ def _microkernel_codegen(w, rows, vectors, a_indirect, b_indirect, a_packed):
         _microkernel_store(builder, w, pc, ldc_, acc_, pre, end, new)
         return context.get_dummy_value()
     return codegen
+
+
+def _prefetch_tile(builder, w, pc, ldc_, rows, vectors):
+    """Prefetch the tile of C (``rows`` rows of ``vectors * w`` floats, ``ldc_`` apart) for
+    writing, before the loop over the inner dimension: a tile added to a partial sum that has
+    left the L2 cache (a weight gradient's dW^T, 9 MB for ResNet-50's 3x3 512-channel layers)
+    then arrives while the loop runs instead of after it."""
+    pf = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I32, I32,
+                                                        I32]), "llvm.prefetch.p0")
+    for r in range(rows):
+        row = builder.gep(pc, [builder.mul(ir.Constant(I64, r), ldc_)])
+        for off in list(range(0, vectors * w, 16)) + [vectors * w - 1]:
+            p = builder.bitcast(builder.gep(row, [ir.Constant(I64, off)]),
+                                ir.IntType(8).as_pointer())
+            builder.call(pf, [p, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def _microkernel_a_rows(builder, pa, rows, lda_, pai, a_packed):
