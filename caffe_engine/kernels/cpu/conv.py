@@ -60,6 +60,8 @@ MR_NARROW, _NV_NARROW = (14, 2) if _W == 16 else (6, 1)
 NR_NARROW = _NV_NARROW * _W
 _mk = simd.microkernel(MR, _NV)
 _mk_b_indirect = simd.microkernel(MR, _NV, b_indirect=True, a_packed=True)
+#: ... and prefetching, a micro-kernel width ahead, the rows of B it reads (the next strip's)
+_mk_b_indirect_pf = simd.microkernel(MR, _NV, b_indirect=True, a_packed=True, prefetch=NR)
 _mk_a_indirect = simd.microkernel(MR, _NV, True, False)
 _mk_a_indirect_narrow = simd.microkernel(MR_NARROW, _NV_NARROW, True, False)
 _copy, _fill, _add_into, _copy_plus = simd.copy, simd.fill, simd.add_into, simd.copy_plus
@@ -394,7 +396,12 @@ def forward(xt, offs, wp, bias, has_bias, y, N, C, M, G, OH, OW, Hs, Ws, sh, sw,
             for k0 in range(0, Kg, kc):
                 k1 = min(Kg, k0 + kc)
                 for j0 in range(0, npad, NR):
-                    for m0 in range(0, mgpad, MR):
+                    # the first row tile also prefetches the next strip's rows of the input
+                    # (read in place from memory by a 1x1 convolution: 4-9 % faster there)
+                    _mk_b_indirect_pf(wp, g * mgpad * Kg + k0 * MR, 0, _NO_INDEX, 0, xt,
+                                      base + j0, 0, offs, k0, ws, out + j0, ld, k1 - k0,
+                                      k0 > 0)
+                    for m0 in range(MR, mgpad, MR):
                         _mk_b_indirect(wp, (g * mgpad + m0) * Kg + k0 * MR, 0, _NO_INDEX,
                                        0, xt, base + j0, 0, offs, k0,
                                        ws, out + m0 * ld + j0, ld, k1 - k0, k0 > 0)

@@ -248,7 +248,7 @@ def total(typingctx, src, s0, n):
 
 
 @functools.lru_cache(maxsize=None)
-def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=False):
+def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=False, prefetch=0):
     """The GEMM micro-kernel intrinsic for a ``rows x (vectors * vector_width())`` tile.
 
     ``mk(A, a0, lda, ai, ai0, B, b0, ldb, bi, bi0, C, c0, ldc, k, accumulate)``: the tile
@@ -261,10 +261,13 @@ def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=Fals
     indirect), the rest int64 but ``accumulate`` (bool). The indirect forms read a convolution's
     input in place: a table of the kernel offsets' positions replaces the column matrix.
     ``rows * vectors`` accumulators plus ``vectors`` loads of B must fit the register file
-    (32 vector registers with AVX-512).
+    (32 vector registers with AVX-512). With ``prefetch`` (floats, a constant) each step also
+    prefetches the row of B that many floats further on (the next strip's columns; prefetches
+    never fault, so past the array's end is harmless). Every form prefetches its tile of C
+    before the loop.
     """
     codegen = _microkernel_codegen(vector_width(), rows, vectors, a_indirect, b_indirect,
-                                   a_packed)
+                                   a_packed, prefetch)
 
     def typer(typingctx, A, a0, lda, ai, ai0, B, b0, ldb, bi, bi0, C, c0, ldc, k, accumulate):
         i64 = types.int64
@@ -273,11 +276,12 @@ def microkernel(rows, vectors, a_indirect=False, b_indirect=False, a_packed=Fals
         return sig, codegen
 
     typer.__name__ = (f"microkernel_{rows}x{vectors}" + ("_ai" if a_indirect else "")
-                      + ("_bi" if b_indirect else "") + ("_ap" if a_packed else ""))
+                      + ("_bi" if b_indirect else "") + ("_ap" if a_packed else "")
+                      + (f"_pf{prefetch}" if prefetch else ""))
     return intrinsic(typer)
 
 
-def _microkernel_codegen(w, rows, vectors, a_indirect, b_indirect, a_packed):
+def _microkernel_codegen(w, rows, vectors, a_indirect, b_indirect, a_packed, prefetch=0):
     """Codegen of :func:`microkernel`: the operands' row pointers, the loop over the inner
     dimension (:func:`_microkernel_loop`), then the tile of C (:func:`_microkernel_store`)."""
     def codegen(context, builder, signature, args):
@@ -298,10 +302,22 @@ def _microkernel_codegen(w, rows, vectors, a_indirect, b_indirect, a_packed):
                 return builder.gep(pb, [builder.load(builder.gep(pbi, [kk]))])
             return builder.gep(pb, [builder.mul(kk, ldb_)])
         pre, end, new = _microkernel_loop(builder, w, rows, vectors, k_, a_rows, b_row_at,
-                                          a_packed)
+                                          a_packed, prefetch)
         _microkernel_store(builder, w, pc, ldc_, acc_, pre, end, new)
         return context.get_dummy_value()
     return codegen
+
+
+def _prefetch_run(builder, start, offset, floats, write):
+    """Prefetch the cache lines of ``floats`` floats from ``start + offset`` (an i64 constant
+    offset, in floats) into L1 (``write``: for writing)."""
+    pf = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I32, I32,
+                                                        I32]), "llvm.prefetch.p0")
+    for off in list(range(0, floats, 16)) + [floats - 1]:
+        p = builder.bitcast(builder.gep(start, [ir.Constant(I64, offset + off)]),
+                            ir.IntType(8).as_pointer())
+        builder.call(pf, [p, ir.Constant(I32, write), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def _prefetch_tile(builder, w, pc, ldc_, rows, vectors):
@@ -309,15 +325,9 @@ def _prefetch_tile(builder, w, pc, ldc_, rows, vectors):
     writing, before the loop over the inner dimension: a tile added to a partial sum that has
     left the L2 cache (a weight gradient's dW^T, 9 MB for ResNet-50's 3x3 512-channel layers)
     then arrives while the loop runs instead of after it."""
-    pf = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I32, I32,
-                                                        I32]), "llvm.prefetch.p0")
     for r in range(rows):
-        row = builder.gep(pc, [builder.mul(ir.Constant(I64, r), ldc_)])
-        for off in list(range(0, vectors * w, 16)) + [vectors * w - 1]:
-            p = builder.bitcast(builder.gep(row, [ir.Constant(I64, off)]),
-                                ir.IntType(8).as_pointer())
-            builder.call(pf, [p, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        _prefetch_run(builder, builder.gep(pc, [builder.mul(ir.Constant(I64, r), ldc_)]), 0,
+                      vectors * w, 1)
 
 
 def _microkernel_a_rows(builder, pa, rows, lda_, pai, a_packed):
@@ -331,7 +341,7 @@ def _microkernel_a_rows(builder, pa, rows, lda_, pai, a_packed):
     return [builder.gep(pa, [builder.mul(ir.Constant(I64, r), lda_)]) for r in range(rows)]
 
 
-def _microkernel_loop(builder, w, rows, vectors, k_, a_rows, b_row_at, a_packed):
+def _microkernel_loop(builder, w, rows, vectors, k_, a_rows, b_row_at, a_packed, prefetch=0):
     """``for t < k``: ``vectors`` loads of B's row ``b_row_at(t)``, and per row of A one
     broadcast of ``a_r[t]`` and ``vectors`` fused multiply-adds into the accumulators (phi
     nodes from zero). Leaves the builder after the loop; returns ``(pre, end, new)``: the block
@@ -351,6 +361,8 @@ def _microkernel_loop(builder, w, rows, vectors, k_, a_rows, b_row_at, a_packed)
         for phi in row:
             phi.add_incoming(zero, pre)
     b_row = b_row_at(builder, kk)
+    if prefetch:
+        _prefetch_run(builder, b_row, prefetch, vectors * w, 0)
     b = [builder.load(_vptr(builder, b_row, ir.Constant(I64, v * w), w), align=4)
          for v in range(vectors)]
     new = []
