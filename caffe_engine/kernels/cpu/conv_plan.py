@@ -60,14 +60,17 @@ class Conv2dPlan:
         # (the packed layout is NCHW itself), when the array has slack past its end.
         self.pointwise = (g.kernel == (1, 1) and g.stride == (1, 1) and g.pad == (0, 0)
                           and g.dilation == (1, 1))
-        # A pointwise convolution that widens (M >= C) takes its weight gradient as a plain
-        # product per image: ResNet-50's 64 -> 256, 128 -> 512, 256 -> 1024 and 512 -> 2048
-        # layers at batch 32 ran 2-3x faster so (86 -> 196 GFLOP/s at 56x56) and still run
-        # 1.1-1.8x faster than the blocked kernel (2048 at 7x7: 26 -> 15 ms). Narrowing ones
-        # run faster through the blocked kernel now that its threads share the blocks evenly
-        # (:func:`conv.my_blocks`): 256 -> 64 at 56x56 21 -> 13 ms, 512 -> 128 at 28x28
-        # 22 -> 11 ms, 1024 -> 256 at 14x14 66 -> 11 ms (2 threads).
-        self.gemm_weight_grad = self.pointwise and self.G == 1 and self.M >= self.C
+        # A pointwise convolution with at least 512 outputs, as many as its inputs or more,
+        # takes its weight gradient as a plain product per image: the blocked kernel sweeps
+        # its C x M partial sum once a block, and at that width the sweep costs more than the
+        # products (2 threads, batch 32: ResNet-50's 128 -> 512 at 28x28 15.5 -> 12.5 ms, 256
+        # -> 1024 at 14x14 15 -> 12, 512 -> 2048 at 7x7 26 -> 15; MobileNet's 1024 -> 1024 at
+        # 7x7 22 -> 10). Narrower ones run as fast or faster through the blocked kernel now
+        # that its threads share the blocks evenly (:func:`conv.my_blocks`): 512 -> 128 at
+        # 28x28 22 -> 11 ms, 1024 -> 256 at 14x14 66 -> 11, MobileNet's 128 -> 128 at 56x56
+        # 19 -> 13.5, 64 -> 256 at 56x56 19 either way.
+        self.gemm_weight_grad = (self.pointwise and self.G == 1 and self.M >= self.C
+                                 and self.M >= 512)
         self.NB = conv.choose_chunk(self.N, self.C, self.M, self.OH, self.OW, self.Ws, self.Kg,
                                     columns, tuning, in_place=self.pointwise)
         self.blocks = conv.plan_blocks(self.N, self.OH, self.OW, self.Ws, self.NB, columns)
