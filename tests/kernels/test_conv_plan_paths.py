@@ -130,3 +130,19 @@ def test_forward_blocks_of_whole_rows_give_the_bits_of_row_parts(shape, threads)
             assert_sums_close(got[blocks], conv_results(REF.conv(g), g, x, w, b, dy), x, w, dy)
     for name in got["runs"]:
         numpy.testing.assert_array_equal(got["runs"][name], got["parts"][name], err_msg=name)
+
+
+@pytest.mark.parametrize("shape,products", [((2, 16, 512, 5, 5), True),
+                                            ((2, 600, 512, 3, 4), False),
+                                            ((2, 16, 64, 5, 5), False)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pointwise_weight_gradient_by_products_or_blocks(shape, products, threads):
+    # per-image products from 512 outputs up (as many as the inputs or more), else the blocked
+    # kernel; either way within a float32 sum of the reference
+    N, C, M, H, W = shape
+    g = ConvGeometry(N, C, M, 1, (H, W), (H, W), (1, 1), (1, 1), (0, 0), (1, 1))
+    x, w, b, dy = conv_arrays(g, numpy.random.default_rng(sum(shape)))
+    plan = CpuKernels(CpuTuning(threads=threads)).conv(g)
+    assert plan.gemm_weight_grad == products
+    want = conv_results(REF.conv(g), g, x, w, b, dy)
+    assert_sums_close(conv_results(plan, g, x, w, b, dy), want, x, w, dy)
