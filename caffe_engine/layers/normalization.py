@@ -10,10 +10,12 @@ the mean/variance reductions of BatchNorm and MVN as a sum over the spatial posi
 Caffe hands to BLAS may still differ from it by a few float32 ulps of the summed magnitudes.
 
 BatchNorm keeps no work array (Caffe's per-layer ``temp_``): its passes are the kernel sets'
-(``batch_norm_stats``, ``batch_norm_forward``, ``batch_norm_backward``: on the cpu set two reads
-for the statistics and one pass for the output, one pass for the gradient's sums and one for
-the gradient, with the reference's bits), and they take an in-place Scale and ReLU after the
-layer into the same passes when the net runs them together (:mod:`.batch_norm_chain`).
+(``batch_norm_stats_forward`` with batch statistics, ``batch_norm_forward`` with global ones,
+``batch_norm_backward``: on the cpu set channel by channel, so that of the statistics' two reads
+and the output's pass only the first reads memory, and the gradient's pass reads from the cache
+what its sums' pass read; with the reference's bits), and they take an in-place Scale and ReLU
+after the layer into the same passes when the net runs them together
+(:mod:`.batch_norm_chain`).
 """
 import numpy
 
@@ -194,28 +196,31 @@ class BatchNormLayer(Layer):
         num, channels, spatial = self.view
         x = bottom[0].data.reshape(self.view)
         y = top[0].data.reshape(self.view)
-        if self.use_global_stats:
-            stored = self.blobs[2].data.reshape(-1)[:1]
-            factor = xp.where(stored == 0, f32(0), f32(1) / xp.where(stored == 0, f32(1), stored))
-            mean = factor * self.blobs[0].data
-            var = factor * self.blobs[1].data
-        else:
-            mean, var = self.kernels.batch_norm_stats(x, f32(1.0 / (num * spatial)))
-            maf = self.moving_average_fraction
-            s = self.blobs[2].data
-            s *= maf
-            s += f32(1)
-            self.blobs[0].data *= maf
-            self.blobs[0].data += mean
-            m = bottom[0].count // channels
-            correction = f32(m) / f32(m - 1) if m > 1 else f32(1)
-            self.blobs[1].data *= maf
-            self.blobs[1].data += correction * var
-        std = self.std
-        std[...] = (var + self.eps).reshape(1, channels, 1)
+        std = self.std.reshape(-1)
+        if not self.use_global_stats:
+            mean, var = self.kernels.batch_norm_stats_forward(
+                x, f32(1.0 / (num * spatial)), self.eps, self.x_norm, y, std, scale, bias, slope)
+            self._update_running_stats(mean, var, bottom[0].count // channels)
+            return
+        stored = self.blobs[2].data.reshape(-1)[:1]
+        factor = xp.where(stored == 0, f32(0), f32(1) / xp.where(stored == 0, f32(1), stored))
+        mean = factor * self.blobs[0].data
+        var = factor * self.blobs[1].data
+        std[...] = var + self.eps
         xp.sqrt(std, out=std)
-        self.kernels.batch_norm_forward(x, mean, std.reshape(-1), self.x_norm, y, scale, bias,
-                                        slope)
+        self.kernels.batch_norm_forward(x, mean, std, self.x_norm, y, scale, bias, slope)
+
+    def _update_running_stats(self, mean, var, m):
+        """Caffe's moving averages of the batch statistics (``m`` values per channel)."""
+        maf = self.moving_average_fraction
+        s = self.blobs[2].data
+        s *= maf
+        s += f32(1)
+        self.blobs[0].data *= maf
+        self.blobs[0].data += mean
+        correction = f32(m) / f32(m - 1) if m > 1 else f32(1)
+        self.blobs[1].data *= maf
+        self.blobs[1].data += correction * var
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:

@@ -117,9 +117,18 @@ class CpuKernels(ReferenceKernels):
         mean, std, scale, bias = _vectors(mean, std, scale, bias)
         channelwise.batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope, self.team)
 
+    def batch_norm_stats_forward(self, x, inv, eps, x_norm, y, std, scale=None, bias=None,
+                                 slope=None):
+        if not _contiguous(x, x_norm, y, std) or x.size == 0:
+            return super().batch_norm_stats_forward(x, inv, eps, x_norm, y, std, scale, bias,
+                                                    slope)
+        scale, bias = _vectors(scale, bias)
+        return channelwise.batch_norm_stats_forward(x, inv, eps, x_norm, y, std.reshape(-1),
+                                                    scale, bias, slope, self.team)
+
     def batch_norm_backward(self, dy, x_norm, std, dx, factor=None, scale=None, y=None,
                             slope=None):
-        if not _contiguous(dy, x_norm, dx, y):
+        if not _contiguous(dy, x_norm, dx, y) or dy.size == 0:
             return super().batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope)
         std, scale = _vectors(std, scale)
         return channelwise.batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope,

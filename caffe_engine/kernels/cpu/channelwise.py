@@ -1,12 +1,24 @@
 """Per-channel elementwise passes of BatchNorm and Scale on the CPU, in Numba, fused and split
 between threads: the operations of :mod:`..reference.channelwise` in the same order element by
 element (one rounding each, no fused multiply-add), so the results equal the reference's bit for
-bit; what changes is that each function reads and writes every array once (the reference makes
-a pass per operation: BatchNorm's gradient five, and a copy of ``dy`` when in place).
+bit; what changes is how often the arrays travel from memory (the reference makes a pass per
+operation: BatchNorm's gradient five, and a copy of ``dy`` when in place).
 
 Arrays are (outer, C, inner) float32 views, C-contiguous, passed flat with ``C`` and ``inner``;
-``y`` may be ``x`` (in place), as each element is read before it is written. Planes (outer, C)
-are split between the team's threads when the arrays hold at least :data:`PARALLEL_MIN` floats.
+``y`` may be ``x`` (in place), as each element is read before it is written. Work is split
+between the team's threads when the arrays hold at least :data:`PARALLEL_MIN` floats.
+
+* ``channel_sum``, ``batch_norm_stats`` (two reads of ``x``), ``batch_norm_forward``,
+  ``scale_shift`` and ``scale_grad`` (one pass each) split the planes (outer * C) between the
+  threads and sweep memory in order.
+* ``batch_norm_stats_forward`` and ``batch_norm_backward`` are channel-ordered: each thread
+  owns a range of channels and takes them a group at a time (:data:`GROUP_FLOATS` floats of
+  each item's planes, so that each item's run is long enough for the hardware prefetchers).
+  For a group it makes all the passes back to back -- the forward: the planes' sums, the
+  means, the centered squares' sums, the variances and ``std``, then ``x_norm`` and ``y``; the
+  backward: the planes' four product sums, the sums over items, then ``dx`` -- so that the
+  group is read from memory once and from the cache after that. The sums over items are taken
+  per channel as NumPy takes them in the reference's ``channel_sum`` (:func:`_over_items`).
 """
 import numba
 import numpy
@@ -19,6 +31,10 @@ f32 = numpy.float32
 #: Arrays of at least this many floats are split between threads.
 PARALLEL_MIN = 1 << 15
 
+
+#: Floats of one item's planes that the channel-ordered passes take together (a group of
+#: channels): long runs keep the hardware prefetchers streaming.
+GROUP_FLOATS = 1 << 15
 
 #: Levels of :func:`_pairwise`'s tree it has room for (plenty: a level halves the run).
 PAIRWISE_DEPTH = 64
@@ -114,81 +130,172 @@ def _centered_square_sums(x, mean, out, work, C, inner, t, parts):
         out[p] = f32(0) + out[p]
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _normalize_plane(x, base, n, m, s, a, has_scale, b, has_bias, slope, has_relu, x_norm, y):
+    # One plane of BatchNorm's output, then the Scale's and the ReLU's, element by element.
+    for i in range(base, base + n):
+        v = x[i] - m
+        v = v / s
+        x_norm[i] = v
+        if has_scale:
+            v = v * a
+            if has_bias:
+                v = v + b
+        if has_relu:
+            v = relu(v, slope)
+        y[i] = v
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _normalize_affine(x, mean, std, scale, has_scale, bias, has_bias, slope, has_relu, x_norm,
                       y, C, inner, t, parts):
     planes = x.shape[0] // inner
     for p in range(planes * t // parts, planes * (t + 1) // parts):
         c = p % C
-        m, s = mean[c], std[c]
         a = scale[c] if has_scale else f32(1)
         b = bias[c] if has_bias else f32(0)
-        base = numba.uint64(p * inner)
-        for i in range(base, base + numba.uint64(inner)):
-            v = x[i] - m
-            v = v / s
-            x_norm[i] = v
-            if has_scale:
-                v = v * a
-                if has_bias:
-                    v = v + b
-            if has_relu:
-                v = relu(v, slope)
-            y[i] = v
+        _normalize_plane(x, numba.uint64(p * inner), numba.uint64(inner), mean[c], std[c], a,
+                         has_scale, b, has_bias, slope, has_relu, x_norm, y)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _backward_sums(dy, y, x_norm, scale, has_scale, slope, has_relu, sums, work, flat_work, C,
-                   inner, t, parts):
-    # Per plane: sums[p, 0] of g (the bias's gradient), sums[p, 1] of g * x_norm (the
-    # scale's), sums[p, 2] of x_norm * dxn and sums[p, 3] of dxn (BatchNorm's), g the ReLU's
-    # gradient and dxn = g * scale the BatchNorm top's. The four products of a plane go to this
-    # thread's rows of ``work`` (threads, 4, inner) -- one loop each, so that each vectorises --
-    # then are summed side by side from cache (``flat_work``: the same memory, flat).
-    planes = sums.shape[0]
+def _over_items(sums, s0, outer, C, alpha, has_alpha, values, frames):
+    # ``_combine`` of one channel's per-plane sums ``sums[s0:s0 + outer]``, as NumPy sums the
+    # item axis of the (outer, C) array: from 0, the rows in turn when C >= 2 (the inner loop
+    # runs over channels); when C == 1 the items are one contiguous run, summed pairwise.
+    if has_alpha:
+        for n in range(s0, s0 + outer):
+            sums[n] = sums[n] * alpha
+    if C == 1:      # (the run's sum is written over its first float, after it is read)
+        _pairwise(sums, s0, 0, outer, 1, sums, s0, values, frames)
+        return f32(0) + sums[s0]
+    total = f32(0)
+    for n in range(s0, s0 + outer):
+        total = total + sums[n]
+    return total
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _group_plane_sums(x, mean, squares, c0, c1, outer, C, inner, sums, work, values, frames):
+    # sums[(c - c0) * outer + k] = the float32 sum of plane (k, c) for the group's channels
+    # c0 <= c < c1 (of its centered squares (x - mean[c]) ** 2 when ``squares``), item by
+    # item, so that each item's run of the group's planes is read in one sweep.
+    n = numba.uint64(inner)
+    for k in range(outer):
+        for c in range(c0, c1):
+            p = (k * C + c) * inner
+            s = (c - c0) * outer + k
+            if squares:
+                m = mean[c]
+                base = numba.uint64(p)
+                for i in range(n):
+                    v = x[base + i] - m
+                    work[i] = v * v
+                _pairwise(work, 0, 0, inner, 1, sums, s, values, frames)
+            else:
+                _pairwise(x, p, 0, inner, 1, sums, s, values, frames)
+            sums[s] = f32(0) + sums[s]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _stats_normalize(x, inv, eps, scale, has_scale, bias, has_bias, slope, has_relu, x_norm,
+                     y, mean, var, std, outer, C, inner, group, t, parts):
+    # Group by group of ``group`` channels (of this part's channels): the planes' sums, the
+    # means, the centered squares' sums, the variances, std, then the output -- the group's
+    # outer * group * inner floats read from memory once and twice more from the cache.
+    lo, hi = C * t // parts, C * (t + 1) // parts
+    group = max(1, min(group, hi - lo))
     values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
     frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
-    n = numba.uint64(inner)
-    g0, g1, g2, g3 = work[t, 0], work[t, 1], work[t, 2], work[t, 3]
-    for p in range(planes * t // parts, planes * (t + 1) // parts):
-        a = scale[p % C] if has_scale else f32(1)
-        base = numba.uint64(p * inner)
-        for k in range(n):
-            g = dy[base + k]
-            g0[k] = relu_grad(g, y[base + k], slope) if has_relu else g
-        for k in range(n):
-            g1[k] = g0[k] * x_norm[base + k]
-        for k in range(n):
-            g3[k] = g0[k] * a if has_scale else g0[k]
-        for k in range(n):
-            g2[k] = x_norm[base + k] * g3[k]
-        _pairwise(flat_work, t * 4 * inner, inner, inner, 4, sums[p], 0, values, frames)
-        for j in range(4):
-            sums[p, j] = f32(0) + sums[p, j]
+    sums = numpy.empty(group * outer, f32)
+    work = numpy.empty(inner, f32)
+    for c0 in range(lo, hi, group):
+        c1 = min(hi, c0 + group)
+        _group_plane_sums(x, mean, False, c0, c1, outer, C, inner, sums, work, values, frames)
+        for c in range(c0, c1):
+            mean[c] = _over_items(sums, (c - c0) * outer, outer, C, inv, True, values, frames)
+        _group_plane_sums(x, mean, True, c0, c1, outer, C, inner, sums, work, values, frames)
+        for c in range(c0, c1):
+            v = _over_items(sums, (c - c0) * outer, outer, C, inv, True, values, frames)
+            var[c], std[c] = v, numpy.sqrt(v + eps)
+        for k in range(outer):
+            for c in range(c0, c1):
+                a = scale[c] if has_scale else f32(1)
+                b = bias[c] if has_bias else f32(0)
+                _normalize_plane(x, numba.uint64((k * C + c) * inner), numba.uint64(inner),
+                                 mean[c], std[c], a, has_scale, b, has_bias, slope, has_relu,
+                                 x_norm, y)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _product_sums(dy, y, x_norm, base, n, a, has_scale, slope, has_relu, g0, g1, g2, g3):
+    # One plane's four products in the work rows: g (the bias's gradient), g * x_norm (the
+    # scale's), x_norm * dxn and dxn (BatchNorm's), g the ReLU's gradient and dxn = g * scale
+    # the BatchNorm top's -- one loop each, so that each vectorises.
+    for k in range(n):
+        g = dy[base + k]
+        g0[k] = relu_grad(g, y[base + k], slope) if has_relu else g
+    for k in range(n):
+        g1[k] = g0[k] * x_norm[base + k]
+    for k in range(n):
+        g3[k] = g0[k] * a if has_scale else g0[k]
+    for k in range(n):
+        g2[k] = x_norm[base + k] * g3[k]
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _gradient_plane(dy, y, x_norm, base, n, a, has_scale, slope, has_relu, dot, total, factor,
+                    batch, s, dx):
+    for i in range(base, base + n):
+        g = dy[i]
+        if has_relu:
+            g = relu_grad(g, y[i], slope)
+        d = g * a if has_scale else g
+        if batch:
+            v = x_norm[i] * dot
+            v = total + v
+            v = v * factor
+            v = v + d
+            dx[i] = v / s
+        else:
+            dx[i] = d / s
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _backward_data(dy, y, x_norm, scale, has_scale, slope, has_relu, dot, total, factor,
-                   batch, std, dx, C, inner, t, parts):
-    planes = dy.shape[0] // inner
-    for p in range(planes * t // parts, planes * (t + 1) // parts):
-        c = p % C
-        a = scale[c] if has_scale else f32(1)
-        dt, tot, s = dot[c], total[c], std[c]
-        base = numba.uint64(p * inner)
-        for i in range(base, base + numba.uint64(inner)):
-            g = dy[i]
-            if has_relu:
-                g = relu_grad(g, y[i], slope)
-            d = g * a if has_scale else g
-            if batch:
-                v = x_norm[i] * dt
-                v = tot + v
-                v = v * factor
-                v = v + d
-                dx[i] = v / s
-            else:
-                dx[i] = d / s
+def _backward_channels(dy, y, x_norm, scale, has_scale, slope, has_relu, factor, batch, std, dx,
+                       out, work, flat_work, outer, C, inner, group, t, parts):
+    # Group by group of ``group`` channels: each plane's four products (this thread's rows of
+    # ``work`` (threads, 4, inner), ``flat_work`` the same memory flat) summed side by side as
+    # NumPy would, the sums over items into ``out`` (4, C), then the group's ``dx`` from the
+    # cache.
+    lo, hi = C * t // parts, C * (t + 1) // parts
+    group = max(1, min(group, hi - lo))
+    values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
+    frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
+    sums = numpy.empty(4 * group * outer, f32)
+    four = numpy.empty(4, f32)
+    n = numba.uint64(inner)
+    g0, g1, g2, g3 = work[t, 0], work[t, 1], work[t, 2], work[t, 3]
+    for c0 in range(lo, hi, group):
+        c1 = min(hi, c0 + group)
+        for k in range(outer):
+            for c in range(c0, c1):
+                a = scale[c] if has_scale else f32(1)
+                _product_sums(dy, y, x_norm, numba.uint64((k * C + c) * inner), n, a,
+                              has_scale, slope, has_relu, g0, g1, g2, g3)
+                _pairwise(flat_work, t * 4 * inner, inner, inner, 4, four, 0, values, frames)
+                for j in range(4):
+                    sums[(j * group + c - c0) * outer + k] = f32(0) + four[j]
+        for c in range(c0, c1):
+            for j in range(4):
+                out[j, c] = _over_items(sums, (j * group + c - c0) * outer, outer, C, f32(1),
+                                        False, values, frames)
+        for k in range(outer):
+            for c in range(c0, c1):
+                a = scale[c] if has_scale else f32(1)
+                _gradient_plane(dy, y, x_norm, numba.uint64((k * C + c) * inner), n, a,
+                                has_scale, slope, has_relu, out[2, c], out[3, c], factor, batch,
+                                std[c], dx)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -226,6 +333,11 @@ def _flat(a):
 
 def _parts(a):
     return None if a.size >= PARALLEL_MIN else 1
+
+
+def _group(inner):
+    """Channels taken together: enough for each item's run of them to be GROUP_FLOATS long."""
+    return max(1, GROUP_FLOATS // max(inner, 1))
 
 
 def _combine(per_plane, outer, C, alpha):
@@ -267,27 +379,39 @@ def batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope, team):
              C, inner, parts=_parts(x))
 
 
+def batch_norm_stats_forward(x, inv, eps, x_norm, y, std, scale, bias, slope, team):
+    """As :func:`..reference.channelwise.batch_norm_stats_forward`, the same bits: channel by
+    channel, each thread its share of the channels, so that of the three reads of a channel's
+    planes (sums, centered squares, output) only the first comes from memory.
+
+    ``x``, ``x_norm``, ``y``: (N, C, inner) float32, C-contiguous (``y`` may be ``x``); ``std``
+    a (C,) float32 vector written; ``scale``/``bias`` (C,) or None, ``slope`` a float or None.
+    Returns ``(mean, var)``, (C,) float32 each."""
+    outer, C, inner = x.shape
+    mean, var = numpy.empty(C, f32), numpy.empty(C, f32)
+    team.run(_stats_normalize, _flat(x), f32(inv), f32(eps),
+             scale if scale is not None else mean, scale is not None,
+             bias if bias is not None else mean, bias is not None,
+             f32(slope if slope is not None else 0), slope is not None, _flat(x_norm), _flat(y),
+             mean, var, std, outer, C, inner, _group(inner), parts=_parts(x))
+    return mean, var
+
+
 def batch_norm_backward(dy, x_norm, std, dx, factor, scale, y, slope, team):
-    """As :func:`..reference.channelwise.batch_norm_backward`: one pass for the sums (each
-    plane's products in a per-thread work area, summed as NumPy would), one for ``dx``."""
+    """As :func:`..reference.channelwise.batch_norm_backward`, the same bits: channel by
+    channel (each thread its share), the sums of each plane's products (in a per-thread work
+    area, summed as NumPy would), the channel's sums over items, then its ``dx`` while its
+    planes are still in the cache."""
     outer, C, inner = dy.shape
     has_scale, has_relu = scale is not None, slope is not None
-    scale_ = scale if has_scale else std
-    y_ = _flat(y if has_relu else dy)
-    slope_ = f32(slope if has_relu else 0)
-    sums = numpy.empty((outer * C, 4), f32)
-    work = numpy.empty((team.threads, 4, inner), f32)
-    team.run(_backward_sums, _flat(dy), y_, _flat(x_norm), scale_, has_scale, slope_, has_relu,
-             sums, work, work.reshape(-1), C, inner, parts=_parts(dy))
     batch = factor is not None
-    bias_sum = _combine(sums[:, 0].copy(), outer, C, None)
-    scale_sum = _combine(sums[:, 1].copy(), outer, C, None) if has_scale else None
-    dot = _combine(sums[:, 2].copy(), outer, C, None) if batch else std
-    total = _combine(sums[:, 3].copy(), outer, C, None) if batch else std
-    team.run(_backward_data, _flat(dy), y_, _flat(x_norm), scale_, has_scale, slope_, has_relu,
-             dot, total, f32(factor if batch else 0), batch, std, _flat(dx), C, inner,
-             parts=_parts(dy))
-    return bias_sum, scale_sum
+    out = numpy.empty((4, C), f32)
+    work = numpy.empty((team.threads, 4, inner), f32)
+    team.run(_backward_channels, _flat(dy), _flat(y if has_relu else dy), _flat(x_norm),
+             scale if has_scale else std, has_scale, f32(slope if has_relu else 0), has_relu,
+             f32(factor if batch else 0), batch, std, _flat(dx), out, work, work.reshape(-1),
+             outer, C, inner, _group(inner), parts=_parts(dy))
+    return out[0], (out[1] if has_scale else None)
 
 
 def scale_shift(x, scale, bias, y, team):

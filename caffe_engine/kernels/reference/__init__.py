@@ -30,6 +30,14 @@ class ReferenceKernels:
         :mod:`.channelwise`."""
         channelwise.batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope)
 
+    def batch_norm_stats_forward(self, x, inv, eps, x_norm, y, std, scale=None, bias=None,
+                                 slope=None):
+        """BatchNorm's forward with batch statistics: the statistics, ``std`` (written), the
+        normalisation (with an in-place Scale and ReLU after it when given); returns ``(mean,
+        var)``; see :mod:`.channelwise`."""
+        return channelwise.batch_norm_stats_forward(x, inv, eps, x_norm, y, std, scale, bias,
+                                                    slope)
+
     def batch_norm_backward(self, dy, x_norm, std, dx, factor=None, scale=None, y=None,
                             slope=None):
         """The gradient through (ReLU and Scale, when given, then) BatchNorm; returns the

@@ -98,6 +98,20 @@ def batch_norm_forward(x, mean, std, x_norm, y, scale=None, bias=None, slope=Non
         neuron.relu_forward(y, y, slope)
 
 
+def batch_norm_stats_forward(x, inv, eps, x_norm, y, std, scale=None, bias=None, slope=None):
+    """BatchNorm's forward with batch statistics: ``(mean, var) = batch_norm_stats(x, inv)``,
+    ``std = sqrt(var + eps)`` (float32, written into the (C,) vector ``std``), then
+    ``batch_norm_forward`` (with the Scale's and ReLU's operands when given; ``y`` may be
+    ``x``). Returns ``(mean, var)``, (C,) float32 each (the layer updates its running
+    statistics from them)."""
+    xp = get_array_module(x)
+    mean, var = batch_norm_stats(x, inv)
+    std[...] = var + eps
+    xp.sqrt(std, out=std)
+    batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope)
+    return mean, var
+
+
 def batch_norm_backward(dy, x_norm, std, dx, factor=None, scale=None, y=None, slope=None):
     """The gradient through (ReLU at ``y`` with ``slope``, then a Scale by ``scale``, when
     given, then) BatchNorm: the layers' backward passes in turn, all in place on one blob's
