@@ -130,7 +130,7 @@ def _centered_square_sums(x, mean, out, work, C, inner, t, parts):
         out[p] = f32(0) + out[p]
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _normalize_plane(x, base, n, m, s, a, has_scale, b, has_bias, slope, has_relu, x_norm, y):
     # One plane of BatchNorm's output, then the Scale's and the ReLU's, element by element.
     for i in range(base, base + n):
@@ -227,7 +227,7 @@ def _stats_normalize(x, inv, eps, scale, has_scale, bias, has_bias, slope, has_r
                                  x_norm, y)
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _product_sums(dy, y, x_norm, base, n, a, has_scale, slope, has_relu, g0, g1, g2, g3):
     # One plane's four products in the work rows: g (the bias's gradient), g * x_norm (the
     # scale's), x_norm * dxn and dxn (BatchNorm's), g the ReLU's gradient and dxn = g * scale
@@ -243,7 +243,7 @@ def _product_sums(dy, y, x_norm, base, n, a, has_scale, slope, has_relu, g0, g1,
         g2[k] = x_norm[base + k] * g3[k]
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _gradient_plane(dy, y, x_norm, base, n, a, has_scale, slope, has_relu, dot, total, factor,
                     batch, s, dx):
     for i in range(base, base + n):
