@@ -11,7 +11,8 @@ Every kernel set offers the same methods (see :class:`.reference.ReferenceKernel
 * ``lrn(LRNGeometry)`` -> a plan with ``forward(x, y)`` and ``backward(x, y, dy, dx)``;
 * ``matmul(a, b, c, accumulate, trans_a, trans_b)`` (InnerProduct's products);
 * ``relu_forward(x, y, slope)`` / ``relu_backward(x, dy, dx, slope)``;
-* ``channel_sum(a, alpha)``, ``batch_norm_stats(x, inv)``, ``batch_norm_forward(...)`` and
+* ``channel_sum(a, alpha)``, ``batch_norm_stats(x, inv)``, ``batch_norm_forward(...)``,
+  ``batch_norm_stats_forward(...)`` (the two before with batch statistics, std between) and
   ``batch_norm_backward(...)`` (BatchNorm, with an in-place Scale and ReLU after it taken into
   the same passes), ``scale_shift`` / ``scale_grad`` (Scale), see :mod:`.reference.channelwise`;
 * ``im2col(...)`` / ``col2im(...)`` (the Im2col layer's);

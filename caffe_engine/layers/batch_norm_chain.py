@@ -3,10 +3,11 @@
 ResNet's and MobileNet's every convolution is followed by ``BatchNorm -> Scale -> ReLU``, all
 three in place on the convolution's top (Caffe's model zoo writes them so). Run one after the
 other, the three layers read and write that blob about eleven times forward and seventeen times
-backward; memory bandwidth, not arithmetic, bounds them. Run together (the kernel sets'
-``batch_norm_forward`` / ``batch_norm_backward`` with the Scale's and ReLU's operands), the
-forward reads the blob three times and writes it and ``x_norm`` once, the backward reads three
-arrays twice and writes the diff once.
+backward. Run together (the kernel sets' ``batch_norm_stats_forward`` -- ``batch_norm_forward``
+with global statistics -- and ``batch_norm_backward``, with the Scale's and ReLU's operands), the
+forward makes three passes over the blob (two for the statistics, one writing it and
+``x_norm``), the backward two over three arrays (the sums, then the diff); the cpu set makes
+them a group of channels at a time, so that only the first pass of a group reads memory.
 
 The results are the same bits: each element goes through the same float32 operations in the
 same order, and every sum is taken as the layers take it (NumPy's pairwise order per plane,
