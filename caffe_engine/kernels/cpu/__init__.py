@@ -106,11 +106,6 @@ class CpuKernels(ReferenceKernels):
             return super().channel_sum(a, alpha)
         return channelwise.channel_sum(a, alpha, self.team)
 
-    def batch_norm_stats(self, x, inv):
-        if not _contiguous(x):
-            return super().batch_norm_stats(x, inv)
-        return channelwise.batch_norm_stats(x, inv, self.team)
-
     def batch_norm_forward(self, x, mean, std, x_norm, y, scale=None, bias=None, slope=None):
         if not _contiguous(x, x_norm, y):
             return super().batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope)

@@ -8,9 +8,9 @@ Arrays are (outer, C, inner) float32 views, C-contiguous, passed flat with ``C``
 ``y`` may be ``x`` (in place), as each element is read before it is written. Work is split
 between the team's threads when the arrays hold at least :data:`PARALLEL_MIN` floats.
 
-* ``channel_sum``, ``batch_norm_stats`` (two reads of ``x``), ``batch_norm_forward``,
-  ``scale_shift`` and ``scale_grad`` (one pass each) split the planes (outer * C) between the
-  threads and sweep memory in order.
+* ``channel_sum``, ``batch_norm_forward`` (global statistics), ``scale_shift`` and
+  ``scale_grad`` (one pass each) split the planes (outer * C) between the threads and sweep
+  memory in order.
 * ``batch_norm_stats_forward`` and ``batch_norm_backward`` are channel-ordered: each thread
   owns a range of channels and takes them a group at a time (:data:`GROUP_FLOATS` floats of
   each item's planes, so that each item's run is long enough for the hardware prefetchers).
@@ -110,23 +110,6 @@ def _plane_sums(x, out, inner, t, parts):
     frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
     for p in range(planes * t // parts, planes * (t + 1) // parts):
         _pairwise(x, p * inner, 0, inner, 1, out, p, values, frames)
-        out[p] = f32(0) + out[p]
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _centered_square_sums(x, mean, out, work, C, inner, t, parts):
-    planes = out.shape[0]
-    values = numpy.empty(4 * PAIRWISE_DEPTH, f32)
-    frames = numpy.empty((PAIRWISE_DEPTH, 3), numpy.int64)
-    w0 = numba.uint64(t * inner)
-    n = numba.uint64(inner)
-    for p in range(planes * t // parts, planes * (t + 1) // parts):
-        m = mean[p % C]
-        base = numba.uint64(p * inner)
-        for i in range(n):
-            v = x[base + i] - m
-            work[w0 + i] = v * v
-        _pairwise(work, t * inner, 0, inner, 1, out, p, values, frames)
         out[p] = f32(0) + out[p]
 
 
@@ -354,20 +337,6 @@ def channel_sum(x, alpha, team):
     out = numpy.empty(outer * C, f32)
     team.run(_plane_sums, _flat(x), out, inner, parts=_parts(x))
     return _combine(out, outer, C, alpha)
-
-
-def _work(team, floats):
-    return numpy.empty(team.threads * floats, f32)
-
-
-def batch_norm_stats(x, inv, team):
-    """As :func:`..reference.channelwise.batch_norm_stats`, in two reads of ``x``."""
-    outer, C, inner = x.shape
-    mean = channel_sum(x, inv, team)
-    out = numpy.empty(outer * C, f32)
-    team.run(_centered_square_sums, _flat(x), mean, out, _work(team, inner), C, inner,
-             parts=_parts(x))
-    return mean, _combine(out, outer, C, inv)
 
 
 def batch_norm_forward(x, mean, std, x_norm, y, scale, bias, slope, team):
