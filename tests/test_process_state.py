@@ -76,3 +76,36 @@ def test_each_test_starts_fresh_a():
 
 def test_each_test_starts_fresh_b():
     test_each_test_starts_fresh_a()
+
+
+def test_threads_asking_at_once_get_one_kernel_set(monkeypatch):
+    """A Data layer's prefetch thread asks for the cpu set while the main thread sets up the
+    next layers: both must get the same set (two made at once sent the layers planned on the
+    first one re-planning at the first forward, with their scratch memory made again)."""
+    import threading
+    import time
+    from caffe_engine.kernels import reference
+
+    made = []
+
+    class SlowToMake(reference.ReferenceKernels):
+        def __init__(self):
+            time.sleep(0.05)         # wide enough for every thread to get in
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(reference, "ReferenceKernels", SlowToMake)
+    monkeypatch.delitem(state.kernel_sets, "reference", raising=False)
+    start = threading.Barrier(4)
+    got = []
+
+    def ask():
+        start.wait()
+        got.append(kernels.get("reference"))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len(got) == 4 and all(s is made[0] for s in got)
