@@ -106,6 +106,7 @@ class Net(PycaffeNet):
         self._blind_hooks = set()   # ids of callbacks that look at no blob (sees_blobs=False)
         self._empty_warned = set()  # (input, shape) already named by _warn_empty_inputs
         self._diff_plan = None      # see share_diff_memory
+        self._diff_structure = None  # diff_sharing's blob groups, found at its first plan
         graph.build(self, param)
         if weights:
             self.copy_from(weights)

@@ -118,6 +118,15 @@ class Layer:
         """From the next ``forward`` on, keep the :meth:`saved_bytes` state in ``buffer`` (a
         flat array of at least that many bytes, on the blobs' device)."""
 
+    def diff_in_place(self):
+        """Whether ``backward``, with one bottom and one top of one shape, may be given the
+        bottom's diff in the memory of the top's: it reads each part of the top diff before it
+        writes that part of the bottom diff, and never the top diff after. The solver's train
+        net then gives both one buffer where nothing else reads the top diff later
+        (:mod:`caffe_engine.diff_sharing`, which checks the counts and shapes). False unless a
+        layer says so."""
+        return False
+
     # -- driven by the net -------------------------------------------------------------------
     def setup(self, bottom, top):
         """Check arity, run ``layer_setup`` and ``reshape``, then set loss weights (Caffe's SetUp)."""

@@ -196,6 +196,12 @@ class ConvolutionLayer(_ConvolutionBase):
             self.plan.forward(b.data.reshape(self.image_shape), w, bias,
                               t.data.reshape(self.column_shape))
 
+    def diff_in_place(self):
+        """Where the plan's data gradient takes ``dx`` in ``dy``'s memory (e.g. VGG-16's 3x3
+        pad-1 layers on the cpu set): ``backward`` takes the bias and weight gradients from the
+        top diff first, the data gradient last."""
+        return self.plan.backward_data_in_place
+
     def backward(self, top, propagate_down, bottom):
         do_w, do_b = self._param_flags()
         w = self.blobs[0].data

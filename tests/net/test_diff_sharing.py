@@ -154,3 +154,78 @@ def test_planning_a_planned_net_again_keeps_live_gradients_apart(monkeypatch):
         net.forward()
         net.backward()
     _gradients_match_unshared(monkeypatch, second_pass)
+
+
+SAME_SHAPE_NET = """
+layer { name: "input" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 9 dim: 9 } shape { dim: 4 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
+layer { name: "conv3" type: "Convolution" bottom: "conv2" top: "conv3"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1
+                            weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "pool" type: "Pooling" bottom: "conv3" top: "pool"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("kernel_set", ["reference", "cpu"])
+def test_same_shape_convolutions_take_their_gradient_in_place(monkeypatch, kernel_set):
+    """conv2 and conv3 (3x3, pad 1: input and output of one shape) write their bottom's
+    gradient over their top's: the three gradients conv1..conv3 are one buffer, and training
+    has the bits of every blob with its own diff."""
+    if kernel_set == "cpu":
+        pytest.importorskip("numba", reason="the cpu kernel set needs Numba")
+    from caffe_engine import kernels
+    kernels.use(kernel_set)
+    runs = []
+    for share in (False, True):
+        solver = _solver(monkeypatch, share, SAME_SHAPE_NET)
+        for it, batch in enumerate((4, 4, 6, 4)):
+            _feed(solver.net, batch, it, chw=(3, 9, 9))
+            solver.step(1)
+        runs.append(_params(solver.net))
+        blobs = solver.net.blobs
+        pairs = [numpy.shares_memory(blobs[a].diff, blobs[b].diff)
+                 for a, b in (("conv1", "conv2"), ("conv2", "conv3"))]
+        assert pairs == [share, share]
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_layer_no_longer_in_place_gets_its_own_gradient_again(monkeypatch):
+    """Planned with conv2/conv3 in place, then planned again with a convolution that no longer
+    says so (e.g. another kernel set): the pairs the first plan put in one buffer are apart
+    again (the plan tells blobs apart by the net's own sharing, not by address), and the
+    gradients keep the unshared bits."""
+    from caffe_engine.layers.convolution import ConvolutionLayer
+    grads = []
+    for share in (False, True):
+        net = _solver(monkeypatch, share, SAME_SHAPE_NET).net
+        _feed(net, 4, 0, chw=(3, 9, 9))
+        net.forward()
+        net.backward()
+        if share:
+            assert numpy.shares_memory(net.blobs["conv1"].diff, net.blobs["conv2"].diff)
+            with monkeypatch.context() as patch:
+                patch.setattr(ConvolutionLayer, "diff_in_place", lambda self: False)
+                diff_sharing.plan(net, saved=True)
+                assert not numpy.shares_memory(net.blobs["conv1"].diff,
+                                               net.blobs["conv2"].diff)
+                net.forward()
+                net.backward()
+        else:
+            net.forward()
+            net.backward()
+        grads.append([p.diff.copy() for p in net.learnable_params])
+    for a, b in zip(*grads):
+        assert a.tobytes() == b.tobytes()

@@ -36,6 +36,10 @@ class Conv2dPlan:
     C-contiguous: ``x`` (N, C, H, W), ``y``/``dy`` (N, M, OH, OW), ``w`` (M, C / G, kh, kw),
     ``bias``/``db`` (M,). ``weight_grad`` and ``bias_grad`` accumulate (Caffe's param-gradient
     rule); ``forward`` and ``backward_data`` overwrite.
+
+    ``backward_data_in_place``: ``backward_data`` packs the whole of ``dy`` into the workspace
+    (flipped or for col2im) before it writes ``dx``, so ``dx`` may be ``dy``'s memory -- except
+    for a pointwise convolution, whose flipped data gradient may read ``dy`` where it is.
     """
 
     def __init__(self, geometry, tuning, workspace, team):
@@ -60,6 +64,7 @@ class Conv2dPlan:
         # (the packed layout is NCHW itself), when the array has slack past its end.
         self.pointwise = (g.kernel == (1, 1) and g.stride == (1, 1) and g.pad == (0, 0)
                           and g.dilation == (1, 1))
+        self.backward_data_in_place = not self.pointwise
         # A pointwise convolution with at least 512 outputs, as many as its inputs or more,
         # takes its weight gradient as a plain product per image: the blocked kernel sweeps
         # its C x M partial sum once a block, and at that width the sweep costs more than the
@@ -254,6 +259,8 @@ class SubBatchPlan:
         self.slices = [(n, min(n + sub, N)) for n in range(0, N, sub)]
         sizes = {b - a for a, b in self.slices}
         self.plans = {s: make_plan(dataclasses.replace(geometry, num=s)) for s in sizes}
+        # a sub-batch's dy and dx are the same images: in place where each plan is
+        self.backward_data_in_place = all(p.backward_data_in_place for p in self.plans.values())
 
     def forward(self, x, w, bias, y):
         """``y = conv(x, w) + bias``, sub-batch by sub-batch."""

@@ -58,6 +58,9 @@ class StridedPointwisePlan:
     :class:`.conv_plan.Conv2dPlan` (``forward`` and ``backward_data`` overwrite, ``weight_grad``
     and ``bias_grad`` accumulate), through an unstrided plan on the gathered positions."""
 
+    #: input and output never have one shape (the stride is more than 1)
+    backward_data_in_place = False
+
     def __init__(self, geometry, tuning, workspace, team):
         g = self.geometry = geometry
         self.workspace, self.team = workspace, team

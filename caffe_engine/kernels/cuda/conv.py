@@ -297,8 +297,11 @@ class ConvPlan:
 
     Attributes: ``chunk``, the images per chunk (from :data:`WORKSPACE_BYTES`, read when the
     plan is made); ``pointwise``, whether forward/backward-data skip im2col (1x1 kernel,
-    stride 1, no pad).
+    stride 1, no pad); ``backward_data_in_place`` False (``dx`` is never given in ``dy``'s
+    memory: see :class:`..reference.conv.ConvPlan`).
     """
+
+    backward_data_in_place = False
 
     def __init__(self, device, geometry, workspace=None):
         g = self.geometry = geometry

@@ -59,7 +59,14 @@ class ConvPlan:
     ``x`` (N, C, *in_spatial), ``y``/``dy`` (N, M, *out_spatial), ``w`` (M, C / G, *kernel),
     ``bias``/``db`` (M,), float32, NumPy or CuPy. ``weight_grad`` and ``bias_grad`` accumulate;
     ``forward`` and ``backward_data`` overwrite.
+
+    :attr:`backward_data_in_place` says whether ``backward_data`` may be given ``dx`` in the
+    memory of ``dy`` (a geometry whose input and output have one shape): every kernel set's
+    plans have it. Here it may: each chunk's ``dy`` is read whole into its columns before that
+    chunk's ``dx`` is written, and no chunk reads another's.
     """
+
+    backward_data_in_place = True
 
     def __init__(self, geometry):
         g = self.geometry = geometry
