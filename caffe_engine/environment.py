@@ -143,6 +143,10 @@ VARIABLES = (
     _V("CAFFE_ENGINE_SHARE_DIFFS", "engine", "1",
        "0: every blob keeps its own diff after step(), as Caffe (caffe_engine/diff_sharing.py)",
        _on_unless_zero),
+    _V("CAFFE_ENGINE_MMAP_THRESHOLD", "engine", "4194304 (4 MiB)",
+       "bytes from which glibc's malloc maps each allocation on its own and unmaps it when "
+       "freed, held from the first net on; 0: glibc's sliding default (caffe_engine/memory.py)",
+       _int),
     _V("CAFFE_ENGINE_DATA_THREADS", "engine", "the cores this process may use",
        "threads decoding and transforming a batch's records (caffe_engine/io/workers.py)",
        _positive_int),

@@ -14,7 +14,7 @@ import os
 
 import numpy
 
-from . import backend, diff_sharing, graph
+from . import backend, diff_sharing, graph, memory
 from .errors import CaffeError
 from .io import prototxt as pio
 from .io import weights as weights_io
@@ -107,6 +107,7 @@ class Net(PycaffeNet):
         self._empty_warned = set()  # (input, shape) already named by _warn_empty_inputs
         self._diff_plan = None      # see share_diff_memory
         self._diff_structure = None  # diff_sharing's blob groups, found at its first plan
+        memory.hold_mmap_threshold()
         graph.build(self, param)
         if weights:
             self.copy_from(weights)

@@ -43,6 +43,9 @@ class ProcessState:
             the usable cores.
         kernel_sets: the kernel sets made so far by ``kernels.get``, by name (each is made
             once: the cpu set owns a thread team, the cuda set its compiled modules).
+        mmap_threshold: the bytes glibc's malloc was told to map allocations from
+            (``memory.hold_mmap_threshold``, once per process; 0: left as it was; None: not
+            asked yet).
         rng: the global random stream (a :class:`caffe_engine.rng.CaffeRNG`; Caffe's
             ``Caffe::rng_stream()``), made on first use by ``rng.get_rng``, replaced by
             ``rng.set_random_seed``.
@@ -61,6 +64,7 @@ class ProcessState:
     def __init__(self):
         self.kernel_threads = None
         self.kernel_sets = {}
+        self.mmap_threshold = None
         self.reset()
 
     def reset(self):
