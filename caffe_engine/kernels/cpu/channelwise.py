@@ -5,7 +5,9 @@ bit; what changes is how often the arrays travel from memory (the reference make
 operation: BatchNorm's gradient five, and a copy of ``dy`` when in place).
 
 Arrays are (outer, C, inner) float32 views, C-contiguous, passed flat with ``C`` and ``inner``;
-``y`` may be ``x`` (in place), as each element is read before it is written. Work is split
+``y`` may be ``x`` (in place), as each element is read before it is written; the BatchNorm
+loops then store into the array they read (:func:`_same`), which LLVM vectorises, where a store
+into a second array that overlaps the one read leaves the loop scalar. Work is split
 between the team's threads when the arrays hold at least :data:`PARALLEL_MIN` floats.
 
 * ``channel_sum``, ``batch_norm_forward`` (global statistics), ``scale_shift`` and
