@@ -88,13 +88,15 @@ def at_batch_1(path, folder):
 def time_once(command, model, iterations, threads, pythonpath=None):
     """One ``caffe time`` run: (average forward-backward ms, {layer type: ms}) from its log, or
     (None, {}) when it failed (its stderr's tail printed). ``pythonpath``: the engine checkout
-    to run instead of this one."""
+    to run instead of this one. The run's working directory is that checkout (this one's by
+    default): ``python -m`` puts the working directory before ``PYTHONPATH`` on ``sys.path``, so
+    a baseline run from this checkout's directory would import this checkout."""
     env = bench_train.child_env(threads)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    r = subprocess.run(list(command) + ["time", "--model", model, "--iterations",
-                                        str(iterations)],
-                       capture_output=True, text=True, env=env)
+    root = os.path.abspath(pythonpath or bench_train.ROOT)
+    env["PYTHONPATH"] = root
+    r = subprocess.run(list(command) + ["time", "--model", os.path.abspath(model),
+                                        "--iterations", str(iterations)],
+                       capture_output=True, text=True, env=env, cwd=root)
     log = r.stdout + r.stderr
     match = re.search(r"Average Forward-Backward: ([0-9.e+-]+) ms", log)
     if not match:

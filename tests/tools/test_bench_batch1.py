@@ -62,3 +62,20 @@ def test_unknown_train_net_is_refused(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_batch1.py"), "--nets",
                         "vgg16", "--train-nets", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown nets ['vgg16']; known: lenet" in r.stderr
+
+
+def test_the_baseline_runs_its_own_checkout(tmp_path, monkeypatch):
+    """``--baseline DIR`` imports DIR's engine even when the tool runs from this checkout
+    (``python -m`` puts the working directory first on ``sys.path``): a stand-in checkout whose
+    ``caffe_engine`` prints its own figure is the one timed."""
+    checkout = tmp_path / "checkout"
+    (checkout / "caffe_engine").mkdir(parents=True)
+    (checkout / "caffe_engine" / "__init__.py").write_text("")
+    (checkout / "caffe_engine" / "__main__.py").write_text(
+        'print("I0 cli.py:1] Average Forward-Backward: 12.5 ms.")\n')
+    model = tmp_path / "m.prototxt"
+    model.write_text(DEPLOY)
+    monkeypatch.chdir(ROOT)
+    ms, _ = tool.time_once((sys.executable, "-m", "caffe_engine"), str(model), 1, 1,
+                           pythonpath=str(checkout))
+    assert ms == 12.5
